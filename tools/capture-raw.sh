@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Capture, on a real NVIDIA GPU host, the raw output of every command gpuhost's facts run,
-# so parsers can be tested on real output. Usage: capture-host.sh OUTDIR
+# so parsers can be tested on real output. Usage: capture-raw.sh OUTDIR
 # Each capture is OUTDIR/<name>.out (stdout), <name>.err (stderr) and <name>.rc (exit status).
 set -u
-out=${1:?usage: capture-host.sh OUTDIR}
+out=${1:?usage: capture-raw.sh OUTDIR}
 mkdir -p "$out"
 export LANG=C LC_ALL=C
 

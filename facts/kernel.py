@@ -1,0 +1,158 @@
+"""Running-kernel facts: /proc/devices majors, /proc/cmdline, /proc/version, module parameters."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pyinfra.api import FactBase
+
+from facts._parse import UnparsedOutput
+
+# Modules whose parameters gpuhost plans and audits.
+MANAGED_MODULES = (
+    "nvidia",
+    "nvidia_uvm",
+    "nvidia_modeset",
+    "nvidia_drm",
+    "vfio",
+    "vfio_pci",
+    "vfio_iommu_type1",
+)
+
+
+def parse_char_devices(lines: list[str]) -> dict[str, int]:
+    """Char device name -> major from /proc/devices (nvidia and nvidiactl share 195)."""
+    majors: dict[str, int] = {}
+    section = None
+    for line in lines:
+        if not line.strip():
+            continue
+        if line.endswith("devices:"):
+            section = line
+            continue
+        if section is None:
+            raise UnparsedOutput("/proc/devices", line, "line before any section")
+        major, _, name = line.strip().partition(" ")
+        if not major.isdigit() or not name:
+            raise UnparsedOutput("/proc/devices", line)
+        if section == "Character devices:":
+            majors[name] = int(major)
+    return majors
+
+
+class CharDevices(FactBase[dict[str, int]]):
+    """
+    Returns character device majors by name from ``/proc/devices``, e.g.
+    ``{"nvidia": 195, "nvidia-uvm": 238, "nvidia-caps": 241}``. nvidia-uvm and nvidia-caps
+    majors are dynamic: they change across boots, so container rules must be derived from here.
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        return "cat /proc/devices"
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        return parse_char_devices(output)
+
+
+class KernelCmdline(FactBase[list[str]]):
+    """Returns the running kernel's command line from ``/proc/cmdline`` as a list of parameters."""
+
+    default = list
+
+    def command(self) -> str:
+        return "cat /proc/cmdline"
+
+    def process(self, output: list[str]) -> list[str]:
+        return " ".join(output).split()
+
+
+_PROC_VERSION = re.compile(
+    r"^Linux version (?P<release>\S+) \((?P<builder>[^)]*)\) "
+    r"\((?P<compiler>.+?), (?P<linker>(?:GNU ld|LLD|ld)\b.*?)\) (?P<build>#.*)$"
+)
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    release: str  # 6.14.8-2-bpo12-pve
+    compiler: str  # gcc (Debian 12.2.0-14) 12.2.0
+    gcc_version: str | None  # 12.2.0; None for a kernel not built by GCC
+
+
+def parse_kernel_build(lines: list[str]) -> KernelBuild:
+    line = " ".join(line.strip() for line in lines if line.strip())
+    match = _PROC_VERSION.match(line)
+    if not match:
+        raise UnparsedOutput("/proc/version", line)
+    compiler = match["compiler"]
+    last = compiler.split()[-1]
+    gcc = last if compiler.startswith("gcc") and re.fullmatch(r"\d+\.\d+\.\d+", last) else None
+    return KernelBuild(release=match["release"], compiler=compiler, gcc_version=gcc)
+
+
+class KernelBuildInfo(FactBase[KernelBuild]):
+    """
+    Returns the running kernel's release and the compiler that built it, from ``/proc/version``.
+    The NVIDIA module must be built by the same GCC version (a mismatch bricked a host).
+    """
+
+    def command(self) -> str:
+        return "cat /proc/version"
+
+    def process(self, output: list[str]) -> KernelBuild:
+        return parse_kernel_build(output)
+
+
+def parse_module_parameters(lines: list[str]) -> dict[str, dict[str, str]]:
+    params: dict[str, dict[str, str]] = {}
+    for line in lines:
+        if not line.strip():
+            continue
+        module, _, rest = line.partition(" ")
+        name, sep, value = rest.partition(" ")
+        if not sep or module not in MANAGED_MODULES or not re.fullmatch(r"\w+", name):
+            raise UnparsedOutput("module parameters", line)
+        params.setdefault(module, {})[name] = value
+    return params
+
+
+class ModuleParameters(FactBase[dict[str, dict[str, str]]]):
+    """
+    Returns the live parameters of the loaded modules gpuhost manages, from
+    ``/sys/module/<module>/parameters``: ``{"nvidia_uvm": {"uvm_disable_hmm": "Y", ...}}``.
+    A module that is not loaded (or built in without parameters) is absent.
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        return (
+            f"for m in {' '.join(MANAGED_MODULES)}; do for f in /sys/module/$m/parameters/*; do "
+            '[ -f "$f" ] || continue; printf "%s %s %s\\n" "$m" "${f##*/}" '
+            '"$(cat "$f" 2>/dev/null || echo "<unreadable>")"; done; done'
+        )
+
+    def process(self, output: list[str]) -> dict[str, dict[str, str]]:
+        return parse_module_parameters(output)
+
+
+def parse_cpu_vendor(lines: list[str]) -> str:
+    line = " ".join(lines).strip()
+    vendor = line.partition(":")[2].strip()
+    known = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
+    if not line.startswith("vendor_id") or vendor not in known:
+        raise UnparsedOutput("/proc/cpuinfo vendor_id", line)
+    return known[vendor]
+
+
+class CpuVendor(FactBase[str]):
+    """Returns ``amd`` or ``intel`` from ``/proc/cpuinfo``: it decides the IOMMU parameter."""
+
+    def command(self) -> str:
+        return "grep -m1 vendor_id /proc/cpuinfo"
+
+    def process(self, output: list[str]) -> str:
+        return parse_cpu_vendor(output)

@@ -1,0 +1,181 @@
+"""All facts the planner reads, gathered in one place: live over pyinfra, or from a snapshot.
+
+A snapshot is a directory with, per fact key, ``<key>.cmd`` (the exact command), ``<key>.out``
+(its raw stdout) and ``<key>.rc`` (exit status; 127 when the fact's required tool is absent).
+Snapshots come from :func:`capture_script` run on a host (or the ``gpuhost capture`` command),
+and are parsed by the very parsers the pyinfra facts use, so a plan from a snapshot is the plan
+the live host would get.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyinfra.api import FactBase
+
+from facts.kernel import (
+    CharDevices,
+    CpuVendor,
+    KernelBuild,
+    KernelBuildInfo,
+    KernelCmdline,
+    ModuleParameters,
+)
+from facts.nvidia import (
+    DriverVersion,
+    GpuQuery,
+    NvidiaDriver,
+    NvidiaGpuInformation,
+    NvidiaGpus,
+    NvidiaP2P,
+    NvidiaTopology,
+    Topology,
+)
+from facts.pci import IommuGroups, PciDevice, PciDevices
+from facts.proxmox import (
+    BootKernelList,
+    BootKernels,
+    BootTool,
+    BootToolStatus,
+    GuestConfig,
+    PveGuestConfigs,
+)
+
+# key -> (fact class, fact arguments). The key names the snapshot files.
+FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
+    "PciDevices": (PciDevices, {}),
+    "IommuGroups": (IommuGroups, {}),
+    "NvidiaGpus": (NvidiaGpus, {}),
+    "NvidiaTopology": (NvidiaTopology, {}),
+    "NvidiaP2P-r": (NvidiaP2P, {"mode": "r"}),
+    "NvidiaP2P-w": (NvidiaP2P, {"mode": "w"}),
+    "NvidiaDriver": (NvidiaDriver, {}),
+    "NvidiaGpuInformation": (NvidiaGpuInformation, {}),
+    "CharDevices": (CharDevices, {}),
+    "KernelCmdline": (KernelCmdline, {}),
+    "KernelBuildInfo": (KernelBuildInfo, {}),
+    "ModuleParameters": (ModuleParameters, {}),
+    "CpuVendor": (CpuVendor, {}),
+    "BootTool": (BootTool, {}),
+    "BootKernelList": (BootKernelList, {}),
+    "PveGuestConfigs": (PveGuestConfigs, {}),
+}
+MISSING_TOOL = 127
+
+
+@dataclass
+class HostFacts:
+    pci: dict[str, PciDevice]
+    iommu_groups: dict[int, list[str]]
+    gpus: GpuQuery
+    topology: Topology | None
+    p2p: dict[str, dict[tuple[str, str], str] | None]  # mode ("r", "w") -> matrix
+    driver: DriverVersion | None
+    gpu_information: dict[str, dict[str, str]]
+    char_devices: dict[str, int]
+    cmdline: list[str]
+    kernel: KernelBuild
+    module_parameters: dict[str, dict[str, str]]
+    cpu_vendor: str
+    boot_tool: BootToolStatus | None
+    boot_kernels: BootKernels | None
+    guest_configs: dict[tuple[str, int], GuestConfig] = field(default_factory=dict)
+
+
+def fact_command(key: str) -> str:
+    cls, kwargs = FACTS[key]
+    return str(cls().command(**kwargs))
+
+
+def required_tool(key: str) -> str | None:
+    """The binary a fact needs (pyinfra returns the fact's default when it is absent)."""
+    cls, kwargs = FACTS[key]
+    tool = cls.requires_command
+    return tool(cls(), **kwargs) if callable(tool) else tool
+
+
+def _default(cls: type[FactBase]) -> Any:
+    default = cls.default
+    return default() if callable(default) else default
+
+
+def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
+    """Parse raw (exit status, stdout lines) per fact key into :class:`HostFacts`."""
+    value: dict[str, Any] = {}
+    for key, (cls, _) in FACTS.items():
+        status, lines = raw.get(key, (MISSING_TOOL, []))
+        if status == MISSING_TOOL and required_tool(key):
+            value[key] = _default(cls)
+        elif status != 0:
+            raise ValueError(
+                f"fact {key} failed with exit status {status}: {' '.join(lines)[:200]}"
+            )
+        else:
+            value[key] = cls().process(lines)
+    return HostFacts(
+        pci=value["PciDevices"],
+        iommu_groups=value["IommuGroups"],
+        gpus=value["NvidiaGpus"],
+        topology=value["NvidiaTopology"],
+        p2p={"r": value["NvidiaP2P-r"], "w": value["NvidiaP2P-w"]},
+        driver=value["NvidiaDriver"],
+        gpu_information=value["NvidiaGpuInformation"],
+        char_devices=value["CharDevices"],
+        cmdline=value["KernelCmdline"],
+        kernel=value["KernelBuildInfo"],
+        module_parameters=value["ModuleParameters"],
+        cpu_vendor=value["CpuVendor"],
+        boot_tool=value["BootTool"],
+        boot_kernels=value["BootKernelList"],
+        guest_configs=value["PveGuestConfigs"],
+    )
+
+
+def read_snapshot(directory: str | Path) -> dict[str, tuple[int, list[str]]]:
+    directory = Path(directory)
+    raw = {}
+    for key in FACTS:
+        rc_file = directory / f"{key}.rc"
+        if not rc_file.exists():
+            raise FileNotFoundError(f"{directory}: snapshot has no {key}.rc; capture it again")
+        out = directory / f"{key}.out"
+        lines = out.read_text().splitlines() if out.exists() else []
+        raw[key] = (int(rc_file.read_text().strip()), lines)
+    return raw
+
+
+def write_snapshot(directory: str | Path, raw: dict[str, tuple[int, list[str]]]) -> None:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for key, (status, lines) in raw.items():
+        (directory / f"{key}.cmd").write_text(fact_command(key) + "\n")
+        (directory / f"{key}.out").write_text("".join(line + "\n" for line in lines))
+        (directory / f"{key}.rc").write_text(f"{status}\n")
+
+
+def capture_script() -> str:
+    """A POSIX shell script that writes a snapshot of this host into the directory ``$1``."""
+    lines = [
+        "#!/bin/sh",
+        "# Generated by `gpuhost capture-script`: runs every fact command gpuhost's planner reads",
+        "# and writes a snapshot (KEY.cmd, KEY.out, KEY.rc) into the directory given as $1.",
+        'set -u; out=${1:?usage: $0 OUTDIR}; mkdir -p "$out"; export LANG=C LC_ALL=C',
+    ]
+    for key in FACTS:
+        command = fact_command(key)
+        tool = required_tool(key)
+        run = (
+            f'sh -c {shlex.quote(command)} >"$out/{key}.out" 2>/dev/null; echo $? >"$out/{key}.rc"'
+        )
+        lines.append(f"printf '%s\\n' {shlex.quote(command)} >\"$out/{key}.cmd\"")
+        if tool:
+            lines.append(
+                f"if command -v {tool} >/dev/null 2>&1; then {run}; "
+                f'else echo {MISSING_TOOL} >"$out/{key}.rc"; : >"$out/{key}.out"; fi'
+            )
+        else:
+            lines.append(run)
+    return "\n".join(lines) + "\n"
