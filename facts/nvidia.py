@@ -146,13 +146,15 @@ def parse_topology(lines: list[str]) -> Topology | None:
             gap = named.index("GPU NUMA ID")
             if trailing[gap] == "":
                 del trailing[gap]
-        if len(trailing) != len(named):
+        if name.startswith("NIC"):
+            trailing = []  # NIC rows carry no affinity (the cells are empty or absent)
+        elif len(trailing) != len(named):
             raise UnparsedOutput("nvidia-smi topo -m", line, "wrong number of cells")
         for other, cell in zip(devices, cells, strict=False):
             if not _LINK.match(cell.strip()):
                 raise UnparsedOutput("nvidia-smi topo -m", line, f"unknown link {cell!r}")
             links[(name, other)] = cell.strip()
-        extra = dict(zip(named, trailing, strict=True))
+        extra = dict(zip(named, trailing, strict=False))
         if "CPU Affinity" in extra:
             cpu[name] = extra["CPU Affinity"]
         if "NUMA Affinity" in extra:

@@ -1,0 +1,22 @@
+"""The captures are the facts' own output: each was made with the exact command the fact runs."""
+
+from pathlib import Path
+
+import pytest
+
+from gpuhost.hostfacts import FACTS, capture_script, fact_command
+from tests.unit.conftest import FIXTURES, MACHINES
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+@pytest.mark.parametrize("key", list(FACTS))
+def test_capture_made_with_the_facts_command(machine: str, key: str) -> None:
+    cmd = (FIXTURES / "captures" / machine / "facts" / f"{key}.cmd").read_text()
+    assert cmd.rstrip("\n") == fact_command(key), f"{key}: command changed; recapture {machine}"
+
+
+def test_checked_in_capture_script_is_current() -> None:
+    script = Path(__file__).parents[2] / "tools" / "capture-facts.sh"
+    assert script.read_text() == capture_script(), (
+        "run: gpuhost capture-script > tools/capture-facts.sh"
+    )

@@ -1,0 +1,72 @@
+import pytest
+
+from facts._parse import UnparsedOutput
+from facts.kernel import (
+    KernelCmdline,
+    parse_char_devices,
+    parse_cpu_vendor,
+    parse_kernel_build,
+    parse_module_parameters,
+)
+from tests.unit.conftest import captured
+
+
+def test_char_device_majors(machine: str) -> None:
+    majors = parse_char_devices(captured(machine, "CharDevices"))
+    assert majors["nvidia"] == 195 and majors["nvidiactl"] == 195
+    assert majors["nvidia-uvm"] == 238 and majors["nvidia-caps"] == 241
+    assert "virtblk" not in majors  # a block device, not a character device
+
+
+def test_char_devices_rejects_garbage() -> None:
+    with pytest.raises(UnparsedOutput):
+        parse_char_devices(["Character devices:", "abc nvidia"])
+    with pytest.raises(UnparsedOutput, match="before any section"):
+        parse_char_devices(["195 nvidia"])
+
+
+def test_cmdline(machine: str) -> None:
+    params = KernelCmdline().process(captured(machine, "KernelCmdline"))
+    assert "pci=realloc=off" in params and params[0].startswith("mitigations=")
+
+
+def test_kernel_build_from_real_proc_version(machine: str) -> None:
+    build = parse_kernel_build(captured(machine, "KernelBuildInfo"))
+    assert build.release == "6.18.44-fc-v657-gpu"
+    assert (build.compiler, build.gcc_version) == ("gcc (GCC) 15.3.0", "15.3.0")
+
+
+def test_kernel_build_proxmox_and_clang() -> None:
+    # Proxmox kernels are built by Debian's GCC; the shape matches formats.md / domain.md
+    pve = parse_kernel_build(
+        [
+            "Linux version 6.8.12-9-pve (build@proxmox) (gcc (Debian 12.2.0-14) 12.2.0, GNU ld (GNU "
+            "Binutils for Debian) 2.40) #1 SMP PREEMPT_DYNAMIC PMX 6.8.12-9 (2025-03-16T19:18Z)"
+        ]
+    )
+    assert (pve.release, pve.gcc_version) == ("6.8.12-9-pve", "12.2.0")
+    clang = parse_kernel_build(
+        ["Linux version 6.6.0 (u@h) (Debian clang version 16.0.6, LLD 16.0.6) #1 SMP"]
+    )
+    assert clang.gcc_version is None
+    with pytest.raises(UnparsedOutput):
+        parse_kernel_build(["Linux 6.1"])
+
+
+def test_module_parameters(machine: str) -> None:
+    params = parse_module_parameters(captured(machine, "ModuleParameters"))
+    assert params["nvidia_uvm"]["uvm_disable_hmm"] == "N"
+    assert params["nvidia_uvm"]["uvm_page_table_location"] == "(null)"
+    assert set(params) == {"nvidia_uvm"}  # nvidia exposes its options in /proc/driver/nvidia/params
+
+
+def test_module_parameters_reject_unknown_modules() -> None:
+    with pytest.raises(UnparsedOutput):
+        parse_module_parameters(["e1000 debug 0"])
+
+
+def test_cpu_vendor(machine: str) -> None:
+    assert parse_cpu_vendor(captured(machine, "CpuVendor")) == "intel"
+    assert parse_cpu_vendor(["vendor_id\t: AuthenticAMD"]) == "amd"
+    with pytest.raises(UnparsedOutput):
+        parse_cpu_vendor(["vendor_id\t: HygonGenuine"])

@@ -1,0 +1,50 @@
+import pytest
+
+from facts._parse import UnparsedOutput
+from facts.pci import parse_iommu_groups, parse_pci_devices
+from tests.unit.conftest import captured
+
+
+def test_h200x2_pci_devices() -> None:
+    devices = parse_pci_devices(captured("h200x2", "PciDevices"))
+    gpus = [d for d in devices.values() if d.is_gpu]
+    assert [g.bdf for g in gpus] == ["0000:00:06.0", "0000:00:07.0"]
+    gpu = devices["0000:00:06.0"]
+    assert gpu.vendor_device == "10de:2335"
+    assert gpu.class_code == "030200"
+    assert gpu.driver == "nvidia"
+    assert gpu.driver_override is None  # sysfs "(null)"
+    assert gpu.numa_node is None  # sysfs -1
+    assert gpu.iommu_group is None  # no IOMMU exposed in that VM
+    assert gpu.parent is None  # directly under the host bridge pci0000:00
+    assert devices["0000:00:00.0"].driver is None
+    assert devices["0000:00:01.0"].driver == "virtio-pci"
+
+
+def test_h200x1_has_one_gpu() -> None:
+    devices = parse_pci_devices(captured("h200x1", "PciDevices"))
+    assert [d.bdf for d in devices.values() if d.is_gpu] == ["0000:00:06.0"]
+
+
+def test_parent_bridge_and_groups_from_sysfs_paths() -> None:
+    line = (
+        "bdf=0000:41:00.0 path=/sys/devices/pci0000:40/0000:40:01.1/0000:41:00.0 vendor=0x10de "
+        "device=0x2bb1 class=0x030000 subsystem_vendor=0x10de subsystem_device=0x204b numa_node=0 "
+        "driver_override=vfio-pci driver=vfio-pci iommu_group=42"
+    )
+    dev = parse_pci_devices([line])["0000:41:00.0"]
+    assert (dev.parent, dev.iommu_group, dev.numa_node) == ("0000:40:01.1", 42, 0)
+    assert (dev.driver_override, dev.is_gpu) == ("vfio-pci", True)
+
+
+def test_unknown_pci_line_fails_loudly() -> None:
+    with pytest.raises(UnparsedOutput, match="bdf=zz"):
+        parse_pci_devices(["bdf=zz path=/x"])
+
+
+def test_iommu_groups() -> None:
+    assert parse_iommu_groups(captured("h200x2", "IommuGroups")) == {}  # IOMMU not exposed
+    groups = parse_iommu_groups(["14 0000:00:1f.3 0000:41:00.0 0000:41:00.1", "3 0000:00:01.0"])
+    assert groups == {14: ["0000:00:1f.3", "0000:41:00.0", "0000:41:00.1"], 3: ["0000:00:01.0"]}
+    with pytest.raises(UnparsedOutput):
+        parse_iommu_groups(["x 0000:00:01.0"])
