@@ -175,8 +175,8 @@ class BootSpec(Model):
     )
     extra: list[str] = Field(
         default_factory=list,
-        description="Other parameters to ensure, verbatim (e.g. 'pcie_aspm=off'). Parameters "
-        "already on the host's command line are always preserved.",
+        description="Other parameters to ensure, verbatim (e.g. 'pcie_aspm=off'). Other parameters "
+        "on the host's command line are kept; one with the same name as an item here is replaced.",
     )
 
     @field_validator("extra")

@@ -1,0 +1,1 @@
+proxmox-boot-tool kernel list

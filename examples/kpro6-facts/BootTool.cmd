@@ -1,0 +1,1 @@
+proxmox-boot-tool status 2>&1; echo "#gpuhost-exit=$?"

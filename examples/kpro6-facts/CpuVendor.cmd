@@ -1,0 +1,1 @@
+grep -m1 vendor_id /proc/cpuinfo

@@ -1,0 +1,1 @@
+for m in nvidia nvidia_uvm nvidia_modeset nvidia_drm vfio vfio_pci vfio_iommu_type1; do for f in /sys/module/$m/parameters/*; do [ -f "$f" ] || continue; printf "%s %s %s\n" "$m" "${f##*/}" "$(cat "$f" 2>/dev/null || echo "<unreadable>")"; done; done

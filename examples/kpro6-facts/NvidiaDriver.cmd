@@ -1,0 +1,1 @@
+cat /proc/driver/nvidia/version 2>/dev/null || true

@@ -1,0 +1,1 @@
+nvidia-smi topo -p2p r 2>&1; echo "#gpuhost-exit=$?"

@@ -1,0 +1,1 @@
+nvidia-smi topo -m 2>&1; echo "#gpuhost-exit=$?"

@@ -1,0 +1,30 @@
+"""Project hygiene that CI must keep: lint, format, and a README that tells the truth."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from gpuhost.docs import inventory_reference, readme_block
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_ruff_lint_is_clean() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_ruff_format_is_clean() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_readme_inventory_reference_is_current() -> None:
+    assert readme_block() == inventory_reference(), "run: python -m gpuhost.docs"
