@@ -14,13 +14,12 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import PyinfraError
 
+from facts.snapshot import Combined
 from gpuhost.hostfacts import (
-    FACTS,
     capture_script,
-    fact_command,
+    combined_args,
     parse_raw,
     read_snapshot,
-    required_tool,
     write_snapshot,
 )
 from gpuhost.inventory import load_inventory
@@ -32,7 +31,7 @@ def gather_live(
     inventory: str, limit: str | None = None
 ) -> dict[str, dict[str, tuple[int, list[str]]]]:
     """Run every fact command on the inventory's hosts over pyinfra; host -> raw outputs."""
-    from pyinfra.api import Config, State, StringCommand
+    from pyinfra.api import Config, State
     from pyinfra.api.connect import connect_all, disconnect_all
     from pyinfra_cli.inventory import make_inventory
 
@@ -45,32 +44,10 @@ def gather_live(
                 continue
             if host not in state.activated_hosts:
                 raise PyinfraError(f"could not connect to {host.name}")
-            raw[host.name] = {}
-            for key in FACTS:
-                _, output = host.run_shell_command(StringCommand(_framed(key)), print_output=False)
-                lines = output.stdout_lines
-                if not lines or not lines[-1].startswith(_RC_MARK):
-                    raise PyinfraError(
-                        f"{host.name}: fact {key} gave no exit status: {output.stderr}"
-                    )
-                raw[host.name][key] = (int(lines[-1].removeprefix(_RC_MARK)), lines[:-1])
+            raw[host.name] = host.get_fact(Combined, **combined_args())
         return raw
     finally:
         disconnect_all(state)
-
-
-_RC_MARK = "#gpuhost-rc="
-
-
-def _framed(key: str) -> str:
-    """The fact's command, guarded like pyinfra's requires_command, ending with its exit status."""
-    command, tool = fact_command(key), required_tool(key)
-    if tool:
-        return (
-            f"if command -v {tool} >/dev/null 2>&1; then ( {command} ); rc=$?; else rc=127; fi; "
-            f'echo "{_RC_MARK}$rc"'
-        )
-    return f'( {command} ); echo "{_RC_MARK}$?"'
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+from facts.files import BootId, ConfigFiles
 from facts.kernel import (
     CharDevices,
     CpuVendor,
@@ -43,6 +44,7 @@ from facts.proxmox import (
     GuestConfig,
     PveGuestConfigs,
 )
+from facts.snapshot import MISSING_TOOL
 
 # key -> (fact class, fact arguments). The key names the snapshot files.
 FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
@@ -63,7 +65,6 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "BootKernelList": (BootKernelList, {}),
     "PveGuestConfigs": (PveGuestConfigs, {}),
 }
-MISSING_TOOL = 127
 
 
 @dataclass
@@ -85,14 +86,22 @@ class HostFacts:
     guest_configs: dict[tuple[str, int], GuestConfig] = field(default_factory=dict)
 
 
+# What a deploy reads besides the planner's facts: the managed files and the boot id.
+DEPLOY_FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
+    **FACTS,
+    "ConfigFiles": (ConfigFiles, {}),
+    "BootId": (BootId, {}),
+}
+
+
 def fact_command(key: str) -> str:
-    cls, kwargs = FACTS[key]
+    cls, kwargs = DEPLOY_FACTS[key]
     return str(cls().command(**kwargs))
 
 
 def required_tool(key: str) -> str | None:
     """The binary a fact needs (pyinfra returns the fact's default when it is absent)."""
-    cls, kwargs = FACTS[key]
+    cls, kwargs = DEPLOY_FACTS[key]
     tool = cls.requires_command
     return tool(cls(), **kwargs) if callable(tool) else tool
 
@@ -100,6 +109,16 @@ def required_tool(key: str) -> str | None:
 def _default(cls: type[FactBase]) -> Any:
     default = cls.default
     return default() if callable(default) else default
+
+
+def combined_args(keys: tuple[str, ...] = tuple(FACTS)) -> dict[str, Any]:
+    """Arguments for ``host.get_fact(Combined, **combined_args(keys))``: one round trip."""
+    return {"commands": tuple((key, fact_command(key), required_tool(key)) for key in keys)}
+
+
+def parse_deploy_extras(raw: dict[str, tuple[int, list[str]]]) -> tuple[dict[str, str], str]:
+    """(managed file contents, boot id) from a combined read of DEPLOY_FACTS."""
+    return ConfigFiles().process(raw["ConfigFiles"][1]), BootId().process(raw["BootId"][1])
 
 
 def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:

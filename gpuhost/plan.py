@@ -55,6 +55,17 @@ class GpuAssignment:
     functions: tuple[str, ...] = ()  # other functions of the board (audio...) that go with it
 
 
+@dataclass(frozen=True)
+class Reason:
+    """Why a reboot will be needed, tagged with the concern that resolves it."""
+
+    concern: str  # "cmdline" | "modules" | "kernel" | "driver" | "binding"
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
 @dataclass
 class Plan:
     host: str
@@ -69,7 +80,7 @@ class Plan:
     expected_parameters: dict[str, dict[str, str]]  # /sys/module/<m>/parameters after boot
     p2p: dict[tuple[str, str], bool | None]  # (bdf, bdf) -> P2P expected; None: not checked
     guest_env: dict[Owner, dict[str, str]]
-    reboot_reasons: list[str] = field(default_factory=list)
+    reboot_reasons: list[Reason] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -329,30 +340,32 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts) -> Plan:
         for owner in guest_env:
             guest_env[owner].setdefault("NCCL_P2P_DISABLE", "1")
 
-    reasons = []
+    reasons: list[Reason] = []
     if add or remove:
-        change = [f"+{p}" for p in add] + [f"-{p}" for p in remove]
-        reasons.append(f"kernel command line changes: {' '.join(change)}")
+        change = " ".join([f"+{p}" for p in add] + [f"-{p}" for p in remove])
+        reasons.append(Reason("cmdline", f"kernel command line changes: {change}"))
     if kernel.release != spec.kernel.version:
-        reasons.append(f"kernel {spec.kernel.version} must boot (running {kernel.release})")
+        text = f"kernel {spec.kernel.version} must boot (running {kernel.release})"
+        reasons.append(Reason("kernel", text))
     driver = facts.driver
     flavour = "open" if spec.driver.open else "proprietary"
-    if driver is None:
-        reasons.append(f"NVIDIA driver {spec.driver.version} ({flavour}) must load (none loaded)")
-    elif driver.version != spec.driver.version or driver.open != spec.driver.open:
-        now = f"{driver.version} ({'open' if driver.open else 'proprietary'})"
-        reasons.append(f"NVIDIA driver {spec.driver.version} ({flavour}) must load (loaded: {now})")
+    if driver is None or driver.version != spec.driver.version or driver.open != spec.driver.open:
+        now = (
+            "none loaded"
+            if driver is None
+            else (f"loaded: {driver.version} ({'open' if driver.open else 'proprietary'})")
+        )
+        text = f"NVIDIA driver {spec.driver.version} ({flavour}) must load ({now})"
+        reasons.append(Reason("driver", text))
     live_uvm = facts.module_parameters.get("nvidia_uvm", {})
     for name, value in expected_parameters.get("nvidia_uvm", {}).items():
         if name in live_uvm and live_uvm[name] != value:
-            reasons.append(
-                f"nvidia_uvm {name} is {live_uvm[name]}, must be {value} (module reload)"
-            )
+            text = f"nvidia_uvm {name} is {live_uvm[name]}, must be {value} (module reload)"
+            reasons.append(Reason("modules", text))
     for a in assignments:
         if a.driver_now != a.driver_planned:
-            reasons.append(
-                f"GPU {a.bdf} binds {a.driver_planned} (now {a.driver_now or 'no driver'})"
-            )
+            text = f"GPU {a.bdf} binds {a.driver_planned} (now {a.driver_now or 'no driver'})"
+            reasons.append(Reason("binding", text))
 
     return Plan(
         host=host,

@@ -42,7 +42,7 @@ def test_h200_split_between_container_and_vm() -> None:
         ("0000:00:07.0", "nvidia", "vfio-pci", "vm 129 (vm129)"),
     ]
     assert plan.gpus[0].model == "NVIDIA H200" and plan.gpus[0].iommu_group is None
-    assert "GPU 0000:00:07.0 binds vfio-pci (now nvidia)" in plan.reboot_reasons
+    assert "GPU 0000:00:07.0 binds vfio-pci (now nvidia)" in [str(r) for r in plan.reboot_reasons]
     assert plan.modules_load == ["vfio", "vfio_iommu_type1", "vfio_pci"]
     assert plan.p2p == {}  # P2P only matters between GPUs of one owner on the host driver
 
@@ -54,8 +54,12 @@ def test_h200_pair_in_one_container_expects_nvlink_p2p() -> None:
     # the real capture's cmdline: Intel CPU; its own pci=realloc=off is kept (not asked for)
     assert plan.cmdline_add == ["intel_iommu=on", "iommu=pt"] and plan.cmdline_remove == []
     assert plan.loader == "grub"  # no proxmox-boot-tool there
-    assert "nvidia_uvm uvm_disable_hmm is N, must be Y (module reload)" in plan.reboot_reasons
-    assert "kernel 6.8.12-9-pve must boot (running 6.18.44-fc-v657-gpu)" in plan.reboot_reasons
+    assert "nvidia_uvm uvm_disable_hmm is N, must be Y (module reload)" in [
+        str(r) for r in plan.reboot_reasons
+    ]
+    assert "kernel 6.8.12-9-pve must boot (running 6.18.44-fc-v657-gpu)" in [
+        str(r) for r in plan.reboot_reasons
+    ]
 
 
 def test_h200_unassigned_gpus_stay_on_the_host() -> None:
@@ -78,7 +82,9 @@ def test_p2p_unknown_without_driver() -> None:
 
 def test_driver_not_loaded_needs_reboot() -> None:
     plan = make_plan("h200", host(H200), h200x2_facts(driver=None))
-    assert "NVIDIA driver 580.159.04 (open) must load (none loaded)" in plan.reboot_reasons
+    assert "NVIDIA driver 580.159.04 (open) must load (none loaded)" in [
+        str(r) for r in plan.reboot_reasons
+    ]
 
 
 # --- kpro6 ---------------------------------------------------------------------------------------
