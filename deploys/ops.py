@@ -1,0 +1,107 @@
+"""gpuhost's own pyinfra operations, in pyinfra's style: read state, compare, yield commands.
+
+They compare against state read once per run in one batched fact (see deploys/context.py)
+instead of probing the host per item, so a converged re-run costs one SSH round trip.
+"""
+
+from __future__ import annotations
+
+import base64
+import posixpath
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+from pyinfra.api.command import QuoteString
+from pyinfra.operations import server
+
+from facts.files import BootId
+from facts.kernel import KernelCmdline
+
+
+@operation()
+def managed_file(path: str, content: str | None, current: str | None, mode: str = "644"):
+    """
+    Ensure a file holds exactly ``content``, or is absent when ``content`` is None.
+
+    + path: remote path
+    + content: wanted content (text), None to remove the file
+    + current: the file's content now, from the batched ``ConfigFiles`` fact (None: absent)
+    + mode: octal permissions of a written file
+
+    The file is written to a temporary name and renamed, so a crash never leaves half a file
+    behind (a truncated /etc/kernel/cmdline makes a host unbootable).
+
+    **Example:**
+
+    .. code:: python
+
+        managed_file(
+            name="nvidia_uvm options",
+            path="/etc/modprobe.d/gpuhost-nvidia.conf",
+            content="options nvidia_uvm uvm_disable_hmm=1\\n",
+            current=None,
+        )
+    """
+    if content == current:
+        host.noop(f"{path} is {'up to date' if content is not None else 'absent'}")
+        return
+    if content is None:
+        yield StringCommand("rm", "-f", QuoteString(path))
+        return
+    encoded = base64.b64encode(content.encode()).decode()
+    tmp = f"{path}.gpuhost-new"
+    yield StringCommand(
+        "mkdir -p",
+        QuoteString(posixpath.dirname(path)),
+        "&& echo",
+        encoded,
+        "| base64 -d >",
+        QuoteString(tmp),
+        f"&& chmod {mode}",
+        QuoteString(tmp),
+        "&& mv -f",
+        QuoteString(tmp),
+        QuoteString(path),
+    )
+
+
+@operation(is_idempotent=False)
+def reboot_and_confirm(
+    reasons: list[str],
+    boot_id: str,
+    cmdline_present: list[str],
+    cmdline_absent: list[str],
+    delay: int = 10,
+    timeout: int = 600,
+):
+    """
+    Reboot because of ``reasons``, wait for the host, and confirm the new boot.
+
+    + reasons: why (printed before the reboot); nothing happens when empty
+    + boot_id: the boot id before the reboot; the new boot must have another one
+    + cmdline_present / cmdline_absent: parameters /proc/cmdline must / must not carry after it
+    + delay, timeout: seconds before the first reconnect attempt, and overall
+    """
+    if not reasons:
+        host.noop("no reboot needed")
+        return
+    for reason in reasons:
+        logger.info(f"{host.print_prefix}reboot needed: {reason}")
+    yield from server.reboot._inner(delay=delay, interval=1, reboot_timeout=timeout)
+
+    def confirm(state, host) -> bool:
+        new_id = host.get_fact(BootId)
+        if new_id == boot_id:
+            raise OperationError(f"the host did not reboot: boot id is still {boot_id}")
+        cmdline = host.get_fact(KernelCmdline)
+        missing = [p for p in cmdline_present if p not in cmdline]
+        stale = [p for p in cmdline_absent if p in cmdline]
+        if missing or stale:
+            raise OperationError(
+                f"after the reboot /proc/cmdline lacks {missing or 'nothing'} and still has "
+                f"{stale or 'nothing'}: the boot loader did not take the new command line"
+            )
+        logger.info(f"{host.print_prefix}new boot {new_id}: kernel command line confirmed")
+        return True
+
+    yield FunctionCommand(confirm, (), {})
