@@ -29,7 +29,9 @@ def systemd_boot_cmdline(ctx: Context, current: str | None) -> str:
             "with the root= parameter: create it from /proc/cmdline first"
         )
     first, *rest = current.splitlines()
-    _, _, params = plan_cmdline(ctx.spec, ctx.facts.cpu_vendor, first.split())
+    _, _, params = plan_cmdline(
+        ctx.spec, ctx.facts.cpu_vendor, first.split(), ctx.plan.iommu_passthrough
+    )
     return "\n".join([" ".join(params), *rest]) + "\n"
 
 
@@ -48,7 +50,9 @@ def grub_defaults(ctx: Context, current: str | None) -> str:
         found["GRUB_CMDLINE_LINUX_DEFAULT"] = (len(lines) - 1, [])
     linux = found.get("GRUB_CMDLINE_LINUX", (None, []))[1]
     default = found["GRUB_CMDLINE_LINUX_DEFAULT"][1]
-    add, remove, _ = plan_cmdline(ctx.spec, ctx.facts.cpu_vendor, linux + default)
+    add, remove, _ = plan_cmdline(
+        ctx.spec, ctx.facts.cpu_vendor, linux + default, ctx.plan.iommu_passthrough
+    )
     for var, (i, params) in found.items():
         kept = [p for p in params if p not in remove]
         if var == "GRUB_CMDLINE_LINUX_DEFAULT":

@@ -17,6 +17,7 @@ HEADER = "# Managed by gpuhost ({}); edit the inventory, not this file.\n"
 NVIDIA_OPTIONS = "/etc/modprobe.d/gpuhost-nvidia.conf"
 BLACKLIST = "/etc/modprobe.d/gpuhost-blacklist.conf"
 VFIO_LOAD = "/etc/modules-load.d/gpuhost-vfio.conf"
+NVIDIA_LOAD = "/etc/modules-load.d/gpuhost-nvidia.conf"
 
 
 def wanted_files(ctx: Context) -> dict[str, str | None]:
@@ -26,11 +27,12 @@ def wanted_files(ctx: Context) -> dict[str, str | None]:
         for module, values in plan.module_options.items()
     )
     blacklist = "".join(f"blacklist {m}\noptions {m} modeset=0\n" for m in plan.blacklist)
-    load = "".join(f"{m}\n" for m in plan.modules_load)
+    load = {name: "".join(f"{m}\n" for m in mods) for name, mods in plan.modules_load.items()}
     return {
         NVIDIA_OPTIONS: HEADER.format("module options") + options if options else None,
         BLACKLIST: HEADER.format("blacklist") + blacklist if blacklist else None,
-        VFIO_LOAD: HEADER.format("vfio at boot") + load if load else None,
+        NVIDIA_LOAD: HEADER.format("nvidia at boot") + load["nvidia"] if "nvidia" in load else None,
+        VFIO_LOAD: HEADER.format("vfio at boot") + load["vfio"] if "vfio" in load else None,
     }
 
 

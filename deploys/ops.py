@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import base64
 import posixpath
+import time
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
 from pyinfra.api.command import QuoteString
-from pyinfra.operations import server
 
 from facts.files import BootId
 from facts.kernel import KernelCmdline
@@ -78,21 +78,37 @@ def reboot_and_confirm(
     Reboot because of ``reasons``, wait for the host, and confirm the new boot.
 
     + reasons: why (printed before the reboot); nothing happens when empty
-    + boot_id: the boot id before the reboot; the new boot must have another one
+    + boot_id: the boot id before the reboot; the host is back when it reports another one
     + cmdline_present / cmdline_absent: parameters /proc/cmdline must / must not carry after it
     + delay, timeout: seconds before the first reconnect attempt, and overall
+
+    Unlike ``server.reboot``, which watches /proc/uptime drop (and can mistake the old boot
+    for the new one when it reconnects within a second), this waits for a new boot id.
     """
     if not reasons:
         host.noop("no reboot needed")
         return
     for reason in reasons:
         logger.info(f"{host.print_prefix}reboot needed: {reason}")
-    yield from server.reboot._inner(delay=delay, interval=1, reboot_timeout=timeout)
+    # Detached, so the SSH channel closes before the host goes down (see pyinfra #1708).
+    yield StringCommand("( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &")
 
-    def confirm(state, host) -> bool:
-        new_id = host.get_fact(BootId)
-        if new_id == boot_id:
-            raise OperationError(f"the host did not reboot: boot id is still {boot_id}")
+    def wait_for_new_boot(state, host) -> bool:
+        time.sleep(delay)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            host.disconnect()
+            host.connect(show_errors=False)
+            if host.connected:
+                try:
+                    new_id = host.get_fact(BootId)
+                except Exception:  # the old boot's sshd went away under us: retry
+                    new_id = boot_id
+                if new_id != boot_id:
+                    break
+            time.sleep(1)
+        else:
+            raise OperationError(f"the host did not come back with a new boot within {timeout} s")
         cmdline = host.get_fact(KernelCmdline)
         missing = [p for p in cmdline_present if p not in cmdline]
         stale = [p for p in cmdline_absent if p in cmdline]
@@ -104,4 +120,4 @@ def reboot_and_confirm(
         logger.info(f"{host.print_prefix}new boot {new_id}: kernel command line confirmed")
         return True
 
-    yield FunctionCommand(confirm, (), {})
+    yield FunctionCommand(wait_for_new_boot, (), {})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from deploys import modules
@@ -23,9 +23,15 @@ def reasons(ctx: Context) -> list[str]:
 
 @deploy("Reboot when needed")
 def reboot_if_needed(ctx: Context) -> None:
+    found = reasons(ctx)
+    later = [str(r) for r in ctx.plan.reboot_reasons if r.concern not in HANDLED]
+    summary = "a reboot follows: " + "; ".join(found) if found else "no reboot needed"
+    if later:
+        summary += f" (left for later deploys: {'; '.join(later)})"
+    logger.info(f"{host.print_prefix}{summary}")
     reboot_and_confirm(
         name="Reboot to apply boot-time changes",
-        reasons=reasons(ctx),
+        reasons=found,
         boot_id=ctx.boot_id,
         cmdline_present=ctx.plan.cmdline_add,
         cmdline_absent=ctx.plan.cmdline_remove,

@@ -71,12 +71,13 @@ class Plan:
     host: str
     gpus: list[GpuAssignment]
     loader: str  # "systemd-boot" | "grub"
+    iommu_passthrough: bool  # iommu=pt planned
     cmdline_add: list[str]  # managed parameters missing from the running command line
     cmdline_remove: list[str]  # parameters on the running command line that must go
     cmdline: list[str]  # the expected /proc/cmdline after the next boot
     module_options: dict[str, dict[str, str]]  # modprobe.d: module -> option -> value
     blacklist: list[str]
-    modules_load: list[str]  # modules-load.d
+    modules_load: dict[str, list[str]]  # modules-load.d drop-in ("nvidia", "vfio") -> modules
     expected_parameters: dict[str, dict[str, str]]  # /sys/module/<m>/parameters after boot
     p2p: dict[tuple[str, str], bool | None]  # (bdf, bdf) -> P2P expected; None: not checked
     guest_env: dict[Owner, dict[str, str]]
@@ -215,14 +216,17 @@ def _check_vms(
 
 
 def plan_cmdline(
-    spec: HostSpec, cpu_vendor: str, running: list[str]
+    spec: HostSpec, cpu_vendor: str, running: list[str], passthrough: bool
 ) -> tuple[list[str], list[str], list[str]]:
-    """(parameters to add, parameters to remove, expected command line) for the next boot."""
+    """(parameters to add, parameters to remove, expected command line) for the next boot.
+
+    ``passthrough`` is the planned iommu=pt decision (see :func:`plan_passthrough`).
+    """
     boot = spec.boot
     wanted: list[str] = []
     if boot.iommu:
         wanted.append("intel_iommu=on" if cpu_vendor == "intel" else "amd_iommu=on")
-    if boot.iommu_passthrough:
+    if passthrough:
         wanted.append("iommu=pt")
     if boot.acs_override:
         wanted.append(f"pcie_acs_override={boot.acs_override}")
@@ -242,6 +246,18 @@ def plan_cmdline(
     add = [p for p in wanted if p not in running]
     expected = [p for p in running if p not in remove] + add
     return add, remove, expected
+
+
+def plan_passthrough(spec: HostSpec, host_blackwell: list[str], problems: list[str]) -> bool:
+    """iommu=pt unless a Blackwell GPU stays on the host driver (identity domain: FSP 0x177)."""
+    wanted = spec.boot.iommu_passthrough
+    if wanted and host_blackwell:
+        problems.append(
+            f"boot.iommu_passthrough is true but {', '.join(host_blackwell)} are Blackwell GPUs "
+            "that stay on the host driver: under an identity IOMMU domain (iommu=pt) their FSP "
+            "fails to boot (error 0x177); leave boot.iommu_passthrough unset or false"
+        )
+    return bool(spec.boot.iommu) and (wanted if wanted is not None else not host_blackwell)
 
 
 def _expected_p2p(
@@ -289,6 +305,10 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts) -> Plan:
                 f"driver.open is false but {', '.join(blackwell)} are Blackwell GPUs, which only "
                 "the open kernel modules support; set driver.open: true"
             )
+    host_blackwell = [
+        g.bdf for g in gpus if needs_open_modules(g.device) and owners.get(g.bdf, HOST).kind != "vm"
+    ]
+    passthrough = plan_passthrough(spec, host_blackwell, problems)
     kernel = facts.kernel
     if kernel.release == spec.kernel.version and kernel.gcc_version not in (
         None,
@@ -327,8 +347,14 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts) -> Plan:
         notes.append("nvidia-smi orders GPUs differently from PCI bus order; refer to GPUs by BDF")
 
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
-    add, remove, cmdline = plan_cmdline(spec, facts.cpu_vendor, facts.cmdline)
-    has_vm_gpus = any(a.owner.kind == "vm" for a in assignments)
+    add, remove, cmdline = plan_cmdline(spec, facts.cpu_vendor, facts.cmdline, passthrough)
+    # nvidia_uvm is not autoloaded: without it at boot /dev/nvidia-uvm is missing when
+    # containers start, and its options (uvm_disable_hmm) never apply.
+    modules_load: dict[str, list[str]] = {}
+    if any(a.driver_planned == "nvidia" for a in assignments):
+        modules_load["nvidia"] = ["nvidia", "nvidia_uvm"]
+    if any(a.owner.kind == "vm" for a in assignments):
+        modules_load["vfio"] = list(spec.modules.vfio_modules)
     module_options: dict[str, dict[str, str]] = {}
     expected_parameters: dict[str, dict[str, str]] = {}
     if spec.modules.uvm_disable_hmm:
@@ -358,6 +384,8 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts) -> Plan:
         text = f"NVIDIA driver {spec.driver.version} ({flavour}) must load ({now})"
         reasons.append(Reason("driver", text))
     live_uvm = facts.module_parameters.get("nvidia_uvm", {})
+    if driver is not None and not live_uvm and "nvidia" in modules_load:
+        reasons.append(Reason("modules", "nvidia_uvm is not loaded; it must load at boot"))
     for name, value in expected_parameters.get("nvidia_uvm", {}).items():
         if name in live_uvm and live_uvm[name] != value:
             text = f"nvidia_uvm {name} is {live_uvm[name]}, must be {value} (module reload)"
@@ -371,12 +399,13 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts) -> Plan:
         host=host,
         gpus=assignments,
         loader=loader,
+        iommu_passthrough=passthrough,
         cmdline_add=add,
         cmdline_remove=remove,
         cmdline=cmdline,
         module_options=module_options,
         blacklist=["nouveau"] if spec.modules.blacklist_nouveau else [],
-        modules_load=list(spec.modules.vfio_modules) if has_vm_gpus else [],
+        modules_load=modules_load,
         expected_parameters=expected_parameters,
         p2p=p2p,
         guest_env=guest_env,

@@ -49,7 +49,7 @@ def render_plan(plan: Plan) -> str:
     if plan.blacklist:
         out.append(f"blacklist: {', '.join(plan.blacklist)}")
     if plan.modules_load:
-        out.append(f"load at boot: {', '.join(plan.modules_load)}")
+        out.append(f"load at boot: {', '.join(m for ms in plan.modules_load.values() for m in ms)}")
     for owner in dict.fromkeys(g.owner for g in plan.gpus):
         pairs = {k: v for k, v in plan.p2p.items() if plan.owner_of(k[0]) == owner}
         values = set(pairs.values())

@@ -162,8 +162,11 @@ class BootSpec(Model):
     iommu: bool = Field(
         True, description="Turn the IOMMU on: intel_iommu=on on Intel, amd_iommu=on on AMD."
     )
-    iommu_passthrough: bool = Field(
-        True, description="Add iommu=pt (host devices skip DMA translation)."
+    iommu_passthrough: bool | None = Field(
+        None,
+        description="iommu=pt: host devices get an identity (untranslated) IOMMU domain. None "
+        "(auto) adds it unless a Blackwell GPU stays on the host driver: their FSP fails to boot "
+        "(error 0x177) under an identity domain, so true is refused there.",
     )
     acs_override: Literal["downstream", "multifunction", "downstream,multifunction"] | None = Field(
         None,

@@ -24,7 +24,9 @@ gpu_hosts = [
             },
             "toolchain": {"gcc": "12.2.0"},
             "driver": {"version": "595.71.05", "open": True},  # Blackwell needs the open modules
-            "boot": {"pci_realloc": True},  # large-BAR GPUs in the VM failed BAR allocation without it
+            "boot": {
+                "pci_realloc": True
+            },  # large-BAR GPUs in the VM failed BAR allocation without it
             "guests": [
                 {
                     "kind": "vm",

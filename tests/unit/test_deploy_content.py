@@ -31,8 +31,7 @@ def test_systemd_boot_cmdline_keeps_root_and_user_parameters() -> None:
     current = "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet intel_iommu=on mitigations=off\n"
     new = boot_cmdline.systemd_boot_cmdline(ctx, current)
     assert (
-        new
-        == "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet mitigations=off amd_iommu=on iommu=pt pci=realloc\n"
+        new == "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet mitigations=off amd_iommu=on pci=realloc\n"
     )
     assert boot_cmdline.systemd_boot_cmdline(ctx, new) == new  # converged
 
@@ -56,7 +55,7 @@ def test_grub_defaults_edit_only_the_cmdline_variables() -> None:
         "GRUB_DEFAULT=0",
         "GRUB_TIMEOUT=5",
         'GRUB_DISTRIBUTOR="Proxmox VE"',
-        'GRUB_CMDLINE_LINUX_DEFAULT="quiet amd_iommu=on iommu=pt pcie_acs_override=downstream,multifunction"',
+        'GRUB_CMDLINE_LINUX_DEFAULT="quiet amd_iommu=on pcie_acs_override=downstream,multifunction"',
         'GRUB_CMDLINE_LINUX="console=ttyS0"',
     ]
     assert boot_cmdline.grub_defaults(ctx, new) == new
@@ -64,7 +63,7 @@ def test_grub_defaults_edit_only_the_cmdline_variables() -> None:
 
 def test_grub_without_default_variable_gets_one() -> None:
     new = boot_cmdline.grub_defaults(context({}), 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX=""\n')
-    assert new.endswith('GRUB_CMDLINE_LINUX_DEFAULT="amd_iommu=on iommu=pt"\n')
+    assert new.endswith('GRUB_CMDLINE_LINUX_DEFAULT="amd_iommu=on"\n')  # no iommu=pt: Blackwell
 
 
 def test_module_files_follow_the_spec_and_converge_back() -> None:
@@ -72,6 +71,7 @@ def test_module_files_follow_the_spec_and_converge_back() -> None:
     assert files[modules.NVIDIA_OPTIONS].endswith("options nvidia_uvm uvm_disable_hmm=1\n")
     assert "blacklist nouveau\noptions nouveau modeset=0\n" in files[modules.BLACKLIST]
     assert files[modules.VFIO_LOAD] is None  # no GPU goes to a VM
+    assert files[modules.NVIDIA_LOAD].endswith("nvidia\nnvidia_uvm\n")
     off = modules.wanted_files(
         context({}, modules={"uvm_disable_hmm": False, "blacklist_nouveau": False})
     )
@@ -85,7 +85,7 @@ def test_module_files_follow_the_spec_and_converge_back() -> None:
 def test_reboot_reasons_are_the_ones_this_deploy_resolves() -> None:
     ctx = context({})
     found = reboot.reasons(ctx)
-    assert "kernel command line changes: +amd_iommu=on +iommu=pt" in found
+    assert "kernel command line changes: +amd_iommu=on" in found
     assert "nvidia_uvm uvm_disable_hmm is N, must be Y (module reload)" in found
     assert "module blacklist / boot-time modules changed (initramfs)" in found
     assert not any("kernel 6." in r or "NVIDIA driver" in r for r in found)

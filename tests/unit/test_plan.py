@@ -43,14 +43,17 @@ def test_h200_split_between_container_and_vm() -> None:
     ]
     assert plan.gpus[0].model == "NVIDIA H200" and plan.gpus[0].iommu_group is None
     assert "GPU 0000:00:07.0 binds vfio-pci (now nvidia)" in [str(r) for r in plan.reboot_reasons]
-    assert plan.modules_load == ["vfio", "vfio_iommu_type1", "vfio_pci"]
+    assert plan.modules_load == {
+        "nvidia": ["nvidia", "nvidia_uvm"],
+        "vfio": ["vfio", "vfio_iommu_type1", "vfio_pci"],
+    }
     assert plan.p2p == {}  # P2P only matters between GPUs of one owner on the host driver
 
 
 def test_h200_pair_in_one_container_expects_nvlink_p2p() -> None:
     plan = make_plan("h200", host(H200, lxc(200, "rest")), h200x2_facts())
     assert plan.p2p == {("0000:00:06.0", "0000:00:07.0"): True}  # NV18 in the real topology
-    assert plan.modules_load == []
+    assert plan.modules_load == {"nvidia": ["nvidia", "nvidia_uvm"]}
     # the real capture's cmdline: Intel CPU; its own pci=realloc=off is kept (not asked for)
     assert plan.cmdline_add == ["intel_iommu=on", "iommu=pt"] and plan.cmdline_remove == []
     assert plan.loader == "grub"  # no proxmox-boot-tool there
@@ -103,7 +106,7 @@ def test_kpro6_split() -> None:
     assert [g.numa_node for g in plan.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert plan.gpus[6].functions == ("0000:c1:00.1",)  # the audio function goes with the GPU
     assert plan.loader == "systemd-boot"
-    assert plan.cmdline_add == ["amd_iommu=on", "iommu=pt", "pci=realloc"]
+    assert plan.cmdline_add == ["amd_iommu=on", "pci=realloc"]  # no iommu=pt: Blackwell on the host
     assert "pcie_aspm=off" in plan.cmdline  # the user's own parameter survives
     assert set(plan.p2p.values()) == {False}  # each GPU on its own root port: NODE/SYS, no P2P
     assert len(plan.p2p) == 15  # pairs among the container's 6 GPUs
@@ -118,7 +121,7 @@ def test_kpro6_split() -> None:
 def test_converged_host_needs_no_reboot() -> None:
     spec = host(KPRO6, lxc(200, "rest"), modules={"uvm_disable_hmm": True})
     raw = kpro6_raw()
-    raw["KernelCmdline"] = (0, ["root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on iommu=pt"])
+    raw["KernelCmdline"] = (0, ["root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on"])
     raw["ModuleParameters"] = (0, ["nvidia_uvm uvm_disable_hmm Y"])
     plan = make_plan("kpro6", spec, kpro6(**raw))
     assert plan.reboot_reasons == [] and not plan.needs_reboot
@@ -265,15 +268,33 @@ def test_cmdline_converges_managed_parameters_and_keeps_the_rest() -> None:
         "pci=realloc",
         "pcie_aspm=off",
     ]
-    add, remove, expected = plan_cmdline(spec, "amd", running)
+    add, remove, expected = plan_cmdline(spec, "amd", running, False)
     assert add == ["amd_iommu=on", "pcie_acs_override=downstream,multifunction", "pcie_aspm=force"]
     assert remove == ["intel_iommu=on", "iommu=pt", "pci=realloc", "pcie_aspm=off"]
     assert expected == ["root=/dev/sda1", "quiet", *add]
-    assert plan_cmdline(spec, "amd", expected) == ([], [], expected)  # converged: nothing to do
+    assert plan_cmdline(spec, "amd", expected, False) == (
+        [],
+        [],
+        expected,
+    )  # converged: nothing to do
 
 
 def test_cmdline_pci_realloc_off_is_kept_unless_realloc_is_wanted() -> None:
     running = ["root=/dev/sda1", "pci=realloc=off"]
-    assert plan_cmdline(host(KPRO6), "intel", running)[1] == []
-    add, remove, _ = plan_cmdline(host(KPRO6, boot={"pci_realloc": True}), "intel", running)
+    assert plan_cmdline(host(KPRO6), "intel", running, True)[1] == []
+    add, remove, _ = plan_cmdline(host(KPRO6, boot={"pci_realloc": True}), "intel", running, True)
     assert (add, remove) == (["intel_iommu=on", "iommu=pt", "pci=realloc"], ["pci=realloc=off"])
+
+
+def test_iommu_passthrough_is_auto_and_refused_for_blackwell_on_the_host() -> None:
+    # Hopper: iommu=pt is added by default
+    assert make_plan("h200", host(H200), h200x2_facts()).iommu_passthrough
+    # Blackwell GPUs on the host driver: no identity domain by default ...
+    assert not make_plan("kpro6", host(KPRO6), kpro6()).iommu_passthrough
+    # ... and asking for it is refused: their FSP fails to boot under it (error 0x177)
+    (problem,) = refused(host(KPRO6, boot={"iommu_passthrough": True}), kpro6())
+    assert "boot.iommu_passthrough is true but 0000:01:00.0" in problem and "error 0x177" in problem
+    # every Blackwell GPU in VMs (vfio domains, not identity): iommu=pt is fine
+    vm_all = host(KPRO6, vm(129, "rest"), boot={"iommu_passthrough": True})
+    assert make_plan("kpro6", vm_all, kpro6()).iommu_passthrough
+    assert "iommu=pt" in make_plan("kpro6", host(KPRO6, vm(129, "rest")), kpro6()).cmdline_add

@@ -24,7 +24,9 @@ def test_defaults() -> None:
     host = HostSpec.model_validate(BASE)
     assert host.toolchain.gcc == "12.2.0"
     assert host.driver.open and host.modules.uvm_disable_hmm and host.modules.blacklist_nouveau
-    assert host.boot.iommu and host.boot.iommu_passthrough and host.boot.acs_override is None
+    assert (
+        host.boot.iommu and host.boot.iommu_passthrough is None and host.boot.acs_override is None
+    )
     assert host.p2p.expected == "auto" and host.guests == []
 
 

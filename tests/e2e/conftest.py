@@ -1,0 +1,107 @@
+"""End-to-end on twins: the real pyinfra CLI deploys to simulated hosts over real SSH."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from twin.hwtesting import ModuleCache, missing_build_tools
+from twin.pytest_plugin import TwinHandle, twin_fleet  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).parents[2]
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+DRIVER = "580.95.05"
+# Files a deploy may touch; /proc, /sys, /dev and /run are the twin's live state, not files.
+WATCHED = ("etc", "boot", "var/lib", "root", "usr/local", "lib/modules", "lib/firmware")
+
+
+@dataclass
+class Deploy:
+    rc: int
+    output: str
+
+    @property
+    def reboots(self) -> int:
+        return self.output.count("kernel command line confirmed")
+
+    @property
+    def changed(self) -> bool:
+        """pyinfra's results table: any operation with a count in its Success (changed) column."""
+        table = self.output.split("--> Results:", 1)[1]
+        rows = [line.split() for line in table.splitlines() if " | " in line]
+        assert rows, self.output
+        return any(row[-3] != "-" for row in rows)  # columns: Hosts Success Error No-Change
+
+
+def inventory(path: Path, twin: TwinHandle, spec: dict) -> Path:
+    """A one-host inventory file for a twin, like a user's, with host keys verified."""
+    path.write_text(
+        "from gpuhost.inventory import gpu_host\n"
+        f"hosts = [gpu_host({twin.name!r}, {spec!r}, ssh_hostname={twin.address!r}, "
+        f"ssh_user='root', ssh_key={str(twin.key)!r}, ssh_known_hosts_file={str(twin.known_hosts)!r}, "
+        "ssh_strict_host_key_checking='yes', gpuhost_reboot_delay=1)]\n"
+    )
+    return path
+
+
+def deploy(inventory_file: Path, *args: str) -> Deploy:
+    run = subprocess.run(
+        [str(PYINFRA), "-y", *args, str(inventory_file), "deploys/gpu_host.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return Deploy(run.returncode, run.stdout + run.stderr)
+
+
+def manifest(root: Path) -> dict[str, str]:
+    """sha256 of every file a deploy could change, read from outside the twin."""
+    found = {}
+    for top in WATCHED:
+        for path in sorted((root / top).rglob("*")):
+            if path.is_symlink():
+                found[str(path.relative_to(root))] = "-> " + str(path.readlink())
+            elif path.is_file():
+                found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+@pytest.fixture(scope="session")
+def modules(tmp_path_factory: pytest.TempPathFactory) -> ModuleCache:
+    problem = missing_build_tools()
+    if problem:
+        pytest.skip(problem)
+    return ModuleCache(tmp_path_factory.mktemp("ko"))
+
+
+def with_driver(twin: TwinHandle, modules: ModuleCache) -> str:
+    """Give a twin an installed NVIDIA driver (real .ko files for its kernel) and boot it.
+
+    This stands for a host whose driver was installed earlier; the driver deploy will do it.
+    """
+    kver = twin.run("uname -r")[1].strip()
+    modules.install(twin.root, kver, version=DRIVER)
+    twin.reboot()
+    return kver
+
+
+@pytest.fixture
+def fresh(twin_fleet) -> Iterator:  # noqa: F811
+    """A factory of fresh twins of a profile, stopped after the test."""
+    started: list[TwinHandle] = []
+
+    def start(profile: str) -> TwinHandle:
+        (handle,) = twin_fleet.start(1, profile)
+        started.append(handle)
+        return handle
+
+    yield start
+    for handle in started:
+        twin_fleet.stop(handle)

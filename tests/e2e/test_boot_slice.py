@@ -1,0 +1,124 @@
+"""The first vertical slice: spec -> plan -> boot parameters and module options -> reboot -> facts.
+
+On a fresh kpro6 twin (systemd-boot, AMD) and a GRUB/Intel twin, the deploy changes the boot
+configuration, reboots once, and the simulated boot shows the planned command line and
+uvm_disable_hmm=Y; a second run changes nothing and does not reboot; --dry changes no file;
+a parameter the user added by hand survives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import DRIVER, deploy, inventory, manifest, with_driver
+
+pytestmark = pytest.mark.twin
+
+KPRO6 = {
+    "kernel": {"version": "6.14.8-2-bpo12-pve"},
+    "driver": {"version": DRIVER},
+    "boot": {"pci_realloc": True},
+    "guests": [
+        {
+            "kind": "vm",
+            "vmid": 129,
+            "name": "vm129",
+            "machine": "q35",
+            "gpus": ["0000:c1:00.0", "0000:e1:00.0"],
+        },
+        {"kind": "lxc", "ctid": 200, "name": "ct200", "gpus": "rest"},
+    ],
+}
+LUMPED = {
+    "kernel": {"version": "6.8.12-9-pve"},
+    "driver": {"version": DRIVER},
+    "boot": {"acs_override": "downstream,multifunction"},
+    "guests": [{"kind": "lxc", "ctid": 300, "name": "ct300", "gpus": "rest"}],
+}
+CASES = {
+    # profile: (spec, file the user edits by hand, sed that adds a parameter, the parameters)
+    "kpro6": (
+        KPRO6,
+        "/etc/kernel/cmdline",
+        r"s/$/ mitigations=off/",
+        ["amd_iommu=on", "pci=realloc"],
+    ),
+    "lumped": (
+        LUMPED,
+        "/etc/default/grub",
+        r's/^GRUB_CMDLINE_LINUX_DEFAULT="quiet/GRUB_CMDLINE_LINUX_DEFAULT="quiet mitigations=off/',
+        ["intel_iommu=on", "pcie_acs_override=downstream,multifunction"],
+    ),
+}
+
+
+@pytest.mark.parametrize("profile", list(CASES))
+def test_boot_parameters_and_module_options_converge(
+    profile: str, fresh, modules, tmp_path: Path
+) -> None:
+    spec, user_file, user_edit, planned = CASES[profile]
+    twin = fresh(profile)
+    with_driver(twin, modules)
+    host = twin.host
+    assert host.file("/proc/driver/nvidia/version").contains("580.95.05")
+    uvm = host.file("/sys/module/nvidia_uvm/parameters/uvm_disable_hmm")
+    assert not uvm.exists or uvm.content_string.strip() == "N"  # nothing loads nvidia_uvm yet
+    rc, _, err = twin.run(f"sed -i '{user_edit}' {user_file}")  # the operator's own parameter
+    assert rc == 0, err
+    inv = inventory(tmp_path / "inv.py", twin, spec)
+
+    # --dry shows the plan and the changes, and changes nothing
+    before = manifest(twin.root)
+    boot_id = twin.boot_id()
+    dry = deploy(inv, "--dry")
+    assert dry.rc == 0, dry.output
+    assert "GPU plan for" in dry.output and "a reboot will be needed" in dry.output
+    assert manifest(twin.root) == before
+    assert twin.boot_id() == boot_id
+
+    # the real run: changes the boot configuration and reboots exactly once
+    first = deploy(inv)
+    assert first.rc == 0, first.output
+    assert first.reboots == 1, first.output
+    assert twin.boot_id() != boot_id
+    twin.reconnect()  # the reboot dropped the test's own SSH session too
+    host = twin.host
+    cmdline = host.file("/proc/cmdline").content_string.split()
+    assert all(p in cmdline for p in planned), cmdline
+    assert "mitigations=off" in cmdline  # the user's parameter survived
+    assert "iommu=pt" not in cmdline  # Blackwell GPUs stay on the host driver: no identity domain
+    assert (
+        host.file("/sys/module/nvidia_uvm/parameters/uvm_disable_hmm").content_string.strip() == "Y"
+    )
+    assert host.file("/etc/modprobe.d/gpuhost-nvidia.conf").contains(
+        "options nvidia_uvm uvm_disable_hmm=1"
+    )
+    assert host.file("/etc/modprobe.d/gpuhost-blacklist.conf").contains("^blacklist nouveau")
+
+    # converged: a second run changes nothing and does not reboot
+    boot_id = twin.boot_id()
+    second = deploy(inv)
+    assert second.rc == 0, second.output
+    assert second.reboots == 0 and not second.changed, second.output
+    assert twin.boot_id() == boot_id
+    assert "no reboot needed" in second.output
+
+
+def test_refused_plan_changes_nothing(fresh, tmp_path: Path) -> None:
+    twin = fresh("kpro6")
+    spec = {
+        **KPRO6,
+        "guests": [
+            {"kind": "vm", "vmid": 129, "name": "vm129", "machine": "q35", "gpus": ["0000:42:00.0"]}
+        ],
+    }
+    before = manifest(twin.root)
+    run = deploy(inventory(tmp_path / "inv.py", twin, spec))
+    assert run.rc != 0
+    assert (
+        "the GPU plan is refused" in run.output
+        and "0000:42:00.0 is not an NVIDIA GPU" in run.output
+    )
+    assert manifest(twin.root) == before

@@ -1,0 +1,451 @@
+"""Boot derivation: kernel choice, command line, IOMMU groups, modules, binding, majors, refusals."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from twin import boot, hwsim
+from twin import hwtesting as ht
+from twin.profile import Kernel, load_profile
+
+KVER = "6.8.12-9-pve"
+NEW = "6.14.8-2-bpo12-pve"
+SKIP = ht.missing_build_tools()
+needs_build = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+SKIP11 = ht.missing_build_tools(("gcc-12", "gcc-11"))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> ht.ModuleCache:
+    return ht.ModuleCache()
+
+
+def state(root: Path) -> dict:
+    return json.loads((root / hwsim.STATE).read_text())
+
+
+def read(root: Path, rel: str) -> str:
+    return (root / rel).read_text()
+
+
+def refresh(root: Path, **changes: object) -> None:
+    """What the Proxmox helper's proxmox-boot-tool refresh / update-grub records (boot.BOOTCFG)."""
+    path = root / boot.BOOTCFG
+    cfg = json.loads(path.read_text())
+    cfg.update(changes)
+    path.write_text(json.dumps(cfg))
+
+
+def write(root: Path, rel: str, text: str) -> None:
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).write_text(text)
+
+
+# -- command line ---------------------------------------------------------------------------------
+def test_systemd_boot_cmdline_only_changes_after_refresh(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    write(
+        root,
+        "etc/kernel/cmdline",
+        "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on iommu=pt\n",
+    )
+    ht.boot_root(root, "kpro6")
+    head = f"initrd=\\EFI\\proxmox\\{NEW}\\initrd.img-{NEW}"
+    assert read(root, "proc/cmdline") == f"{head} root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet\n"
+    refresh(root, cmdline="root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on")
+    ht.boot_root(root, "kpro6")
+    assert read(root, "proc/cmdline").endswith("quiet amd_iommu=on\n")
+
+
+def test_without_snapshot_the_config_files_are_read(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    (root / boot.BOOTCFG).unlink()
+    write(
+        root,
+        "etc/kernel/cmdline",
+        "root=ZFS=rpool/ROOT/pve-1 boot=zfs pcie_acs_override=downstream\n",
+    )
+    ht.boot_root(root, "kpro6")
+    assert read(root, "proc/cmdline").split()[1:] == [
+        "root=ZFS=rpool/ROOT/pve-1",
+        "boot=zfs",
+        "pcie_acs_override=downstream",
+    ]
+
+
+def test_grub_cmdline_from_default_grub_and_grub_d(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "lumped")
+    (root / boot.BOOTCFG).unlink()
+    write(
+        root,
+        "etc/default/grub.d/iommu.cfg",
+        'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT intel_iommu=on iommu=pt"\n',
+    )
+    ht.boot_root(root, "lumped")
+    assert read(root, "proc/cmdline") == (
+        f"BOOT_IMAGE=/boot/vmlinuz-{KVER} root=/dev/mapper/pve-root ro quiet intel_iommu=on iommu=pt\n"
+    )
+
+
+# -- IOMMU groups -----------------------------------------------------------------------------------
+def groups(root: Path) -> dict[int, list[str]]:
+    base = root / "sys/kernel/iommu_groups"
+    return {
+        int(g.name): sorted(d.name for d in (g / "devices").iterdir())
+        for g in (base.iterdir() if base.exists() else [])
+    }
+
+
+def test_intel_needs_intel_iommu_on_and_acs_override_splits(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "lumped")
+    ht.boot_root(root, "lumped")
+    assert groups(root) == {}
+    assert not (root / "sys/bus/pci/devices/0000:19:00.0/iommu_group").exists()
+    refresh(root, cmdline="root=/dev/mapper/pve-root ro quiet intel_iommu=on")
+    ht.boot_root(root, "lumped")
+    lumped = groups(root)[21]
+    assert {"0000:19:00.0", "0000:1a:00.0", "0000:18:08.0"} <= set(lumped)
+    link = os.readlink(root / "sys/bus/pci/devices/0000:19:00.0")
+    assert link == "../../../devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:08.0/0000:19:00.0"
+    refresh(
+        root,
+        cmdline="root=/dev/mapper/pve-root ro intel_iommu=on pcie_acs_override=downstream,multifunction",
+    )
+    ht.boot_root(root, "lumped")
+    assert groups(root)[24] == ["0000:19:00.0"]
+    assert "PCIe ACS overrides enabled" in read(root, hwsim.DMESG)
+
+
+def test_amd_iommu_is_on_by_default_one_group_per_gpu(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    ht.boot_root(root, "kpro6")
+    g = groups(root)
+    assert g[12] == ["0000:01:00.0", "0000:01:00.1"]  # GPU with its audio function
+    assert (
+        os.readlink(root / "sys/bus/pci/devices/0000:01:00.0/iommu_group")
+        == "../../../../kernel/iommu_groups/12"
+    )
+    assert read(root, "sys/kernel/iommu_groups/12/type") == "DMA-FQ\n"
+
+
+# -- kernel choice --------------------------------------------------------------------------------------
+def test_newest_kernel_boots_unless_pinned_and_next_boot_is_one_shot(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    ht.boot_root(root, "kpro6")
+    assert state(root)["kernel"] == NEW
+    refresh(root, kernel_default=KVER)
+    ht.boot_root(root, "kpro6")
+    assert state(root)["kernel"] == KVER
+    refresh(root, kernel_next=NEW)
+    write(root, "etc/kernel/next-boot-pin", NEW + "\n")
+    ht.boot_root(root, "kpro6")
+    assert state(root)["kernel"] == NEW
+    assert not (root / "etc/kernel/next-boot-pin").exists()
+    assert json.loads(read(root, boot.BOOTCFG))["kernel_next"] is None
+    ht.boot_root(root, "kpro6")
+    assert state(root)["kernel"] == KVER
+    assert read(root, "proc/version").startswith(
+        f"Linux version {KVER} (build@proxmox) (gcc (Debian 12.2.0-14) 12.2.0,"
+    )
+
+
+def test_pins_from_files_without_snapshot(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    (root / boot.BOOTCFG).unlink()
+    write(root, "etc/kernel/proxmox-boot-pin", KVER + "\n")
+    ht.boot_root(root, "kpro6")
+    assert state(root)["kernel"] == KVER
+    root2 = ht.make_root(tmp_path / "grub", "lumped")
+    (root2 / boot.BOOTCFG).unlink()
+    hw_kernel = Kernel(version=NEW, gcc="gcc (Debian 12.2.0-14+deb12u1) 12.2.0")
+    from twin.hardware import add_kernel
+
+    add_kernel(root2, hw_kernel)
+    write(
+        root2,
+        "etc/default/grub.d/proxmox-kernel-pin.cfg",
+        f'GRUB_DEFAULT="gnulinux-advanced-1234>gnulinux-{KVER}-advanced-1234"\n',
+    )
+    ht.boot_root(root2, "lumped")
+    assert state(root2)["kernel"] == KVER
+
+
+def test_failing_next_boot_kernel_falls_back(tmp_path: Path) -> None:
+    from twin.hardware import add_kernel
+
+    root = ht.make_root(tmp_path, "kpro6")
+    bad = "6.14.11-9-pve"  # kpro6 lists it in failing_kernels
+    add_kernel(
+        root, Kernel(version=bad, gcc="gcc (Debian 12.2.0-14+deb12u1) 12.2.0"), headers=False
+    )
+    refresh(root, kernel_default=KVER, kernel_next=bad, kernels=[KVER, NEW, bad])
+    ht.boot_root(root, "kpro6")
+    s = state(root)
+    assert s["kernel"] == KVER
+    assert s["boot_attempts"] == [
+        {"kernel": bad, "result": "hung at boot; power-cycled"},
+        {"kernel": KVER, "result": "booted"},
+    ]
+    refresh(root, kernel_default=bad)
+    with pytest.raises(boot.BrickedError, match="bricked"):
+        ht.boot_root(root, "kpro6")
+
+
+def test_kernel_added_later_takes_its_compiler_from_its_record(tmp_path: Path) -> None:
+    from twin.hardware import add_kernel
+
+    root = ht.make_root(tmp_path, "h200x2")
+    add_kernel(
+        root,
+        Kernel(
+            version="6.17.2-1-pve",
+            gcc="gcc (Debian 14.2.0-19) 14.2.0",
+            ld="GNU ld (GNU Binutils for Debian) 2.44",
+        ),
+        headers=False,
+    )
+    refresh(root, kernels=[KVER, "6.17.2-1-pve"])  # proxmox-boot-tool refresh after the install
+    ht.boot_root(root, "h200x2")
+    assert "(gcc (Debian 14.2.0-19) 14.2.0, GNU ld (GNU Binutils for Debian) 2.44)" in read(
+        root, "proc/version"
+    )
+    assert ht.run(root, "uname", "-r").stdout == "6.17.2-1-pve\n"
+
+
+# -- modules, parameters, majors -----------------------------------------------------------------------
+@needs_build
+def test_options_become_module_parameters(tmp_path: Path, cache: ht.ModuleCache) -> None:
+    root = ht.make_root(tmp_path, "h200x2")
+    cache.install(root, KVER)
+    write(root, "etc/modprobe.d/gpuhost-uvm.conf", "options nvidia_uvm uvm_disable_hmm=1 bogus=3\n")
+    write(root, "etc/modules-load.d/gpuhost.conf", "nvidia\nnvidia-uvm\n")
+    ht.boot_root(root, "h200x2")
+    assert read(root, "sys/module/nvidia_uvm/parameters/uvm_disable_hmm") == "Y\n"
+    assert read(root, "sys/module/nvidia_uvm/parameters/uvm_perf_prefetch_enable") == "1\n"
+    assert "nvidia_uvm: unknown parameter 'bogus' ignored" in read(root, hwsim.DMESG)
+    assert not (root / "sys/module/nvidia/parameters").exists()  # NVreg_* have mode 0
+    lsmod = ht.run(root, "lsmod").stdout.splitlines()
+    assert lsmod[0] == "Module                  Size  Used by"
+    assert "nvidia              14299136  1 nvidia_uvm" in lsmod
+
+
+@needs_build
+def test_nvreg_options_show_in_proc_params(tmp_path: Path, cache: ht.ModuleCache) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    cache.install(root, NEW)
+    write(
+        root,
+        "etc/modprobe.d/nvidia.conf",
+        "options nvidia NVreg_EnableGpuFirmware=1\nblacklist nouveau\n",
+    )
+    ht.boot_root(root, "kpro6")
+    params = read(root, "proc/driver/nvidia/params")
+    assert "EnableGpuFirmware: 1\n" in params and "NvLinkDisable: 1\n" in params
+    assert "nouveau" not in ht.run(root, "lsmod").stdout
+
+
+@needs_build
+def test_uvm_majors_change_every_boot_and_nodes_follow(
+    tmp_path: Path, cache: ht.ModuleCache
+) -> None:
+    root = ht.make_root(tmp_path, "h200x2")
+    cache.install(root, KVER)
+    write(root, "etc/modules-load.d/nvidia.conf", "nvidia\nnvidia_uvm\n")
+    seen = []
+    for _ in range(4):
+        ht.boot_root(root, "h200x2")
+        assert not (root / "dev/nvidia-uvm").exists()  # only nvidia-modprobe -u makes it
+        assert ht.run(root, "nvidia-modprobe", "-u", "-c=0").returncode == 0
+        devices = dict(
+            reversed(line.split(None, 1))
+            for line in read(root, "proc/devices").split("\n\n")[0].splitlines()[1:]
+        )
+        uvm, caps = int(devices["nvidia-uvm"]), int(devices["nvidia-caps"])
+        st = (root / "dev/nvidia-uvm").stat()
+        assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == uvm
+        assert os.major((root / "dev/nvidia-caps/nvidia-cap1").stat().st_rdev) == caps
+        assert uvm in range(234, 512) and caps in range(234, 512)
+        seen.append((uvm, caps))
+    assert seen[0] == (238, 241)  # the capture's majors on the first boot
+    for before, after in itertools.pairwise(seen):
+        assert before[0] != after[0] and before[1] != after[1]
+
+
+# -- binding ------------------------------------------------------------------------------------------
+def driver(root: Path, bdf: str) -> str:
+    link = root / "sys/bus/pci/devices" / bdf / "driver"
+    return os.readlink(link).rsplit("/", 1)[-1] if link.is_symlink() else ""
+
+
+@needs_build
+def test_vfio_binding_by_bdf_through_driver_override(tmp_path: Path, cache: ht.ModuleCache) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    cache.install(root, NEW)
+    write(
+        root,
+        "etc/udev/rules.d/90-gpuhost-vfio.rules",
+        'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="0000:41:00.0", ATTR{driver_override}="vfio-pci"\n'
+        'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="0000:41:00.1", ATTR{driver_override}="vfio-pci"\n',
+    )
+    write(root, "etc/modules-load.d/vfio.conf", "vfio\nvfio_iommu_type1\nvfio_pci\n")
+    ht.boot_root(root, "kpro6")
+    assert driver(root, "0000:41:00.0") == "vfio-pci"
+    assert driver(root, "0000:41:00.1") == "vfio-pci"
+    assert driver(root, "0000:01:00.0") == "nvidia"
+    assert driver(root, "0000:01:00.1") == "snd_hda_intel"
+    assert read(root, "sys/bus/pci/devices/0000:41:00.0/driver_override") == "vfio-pci\n"
+    smi = ht.run(root, "nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader")
+    assert len(smi.stdout.splitlines()) == 7 and "00000000:41:00.0" not in smi.stdout
+    lspci = ht.run(root, "lspci", "-nnk", "-s", "41:00.0").stdout
+    assert "Kernel driver in use: vfio-pci" in lspci
+    assert (
+        "VGA compatible controller [0300]: NVIDIA Corporation Device 2bb1 [10de:2bb1] (rev a1)"
+        in lspci
+    )
+
+
+@needs_build
+def test_vfio_ids_take_every_gpu_of_that_id(tmp_path: Path, cache: ht.ModuleCache) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    cache.install(root, NEW)
+    write(
+        root,
+        "etc/modprobe.d/vfio.conf",
+        "options vfio-pci ids=10de:2bb1\nsoftdep nvidia pre: vfio-pci\n",
+    )
+    ht.boot_root(root, "kpro6")
+    gpus = [g.bdf for g in load_profile("kpro6").gpus]
+    assert {driver(root, b) for b in gpus} == {"vfio-pci"}
+    s = state(root)
+    assert s["nvidia"]["loaded"] is False and "no GPU left" in s["nvidia"]["reason"]
+    assert ht.run(root, "nvidia-smi").returncode == 9
+
+
+def test_vfio_without_iommu_fails_probe(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "lumped")  # Intel without intel_iommu=on
+    write(root, "etc/modprobe.d/vfio.conf", "options vfio-pci ids=10de:2bb5\n")
+    write(root, "etc/modules", "vfio-pci\n")
+    ht.boot_root(root, "lumped")
+    assert driver(root, "0000:19:00.0") == ""
+    assert "vfio-pci: probe of 0000:19:00.0 failed with error -22" in read(root, hwsim.DMESG)
+
+
+@needs_build
+def test_initramfs_modules_need_update_initramfs_and_refresh(
+    tmp_path: Path, cache: ht.ModuleCache
+) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    cache.install(root, NEW)
+    write(root, "etc/modprobe.d/vfio.conf", "options vfio-pci ids=10de:2bb1\n")
+    write(root, "etc/initramfs-tools/modules", "vfio_pci\n")
+    ht.boot_root(root, "kpro6")
+    assert state(root)["initramfs"] == "none"
+    assert driver(root, "0000:01:00.0") == "nvidia"
+    # update-initramfs -u: the image records the configuration as it is now
+    files = {
+        f"/{rel}": read(root, rel)
+        for rel in ("etc/modprobe.d/vfio.conf", "etc/initramfs-tools/modules")
+    }
+    write(root, f"boot/initrd.img-{NEW}", json.dumps({"files": files}))
+    refresh(root, initrd={})  # an ESP host boots the copy synced at the last refresh: none yet
+    ht.boot_root(root, "kpro6")
+    assert state(root)["initramfs"] == "missing on the ESP"
+    assert driver(root, "0000:01:00.0") == "nvidia"
+    refresh(root, initrd={NEW: {"files": files}})  # proxmox-boot-tool refresh
+    ht.boot_root(root, "kpro6")
+    assert driver(root, "0000:01:00.0") == "vfio-pci"
+    write(root, "etc/modprobe.d/vfio.conf", "\n")  # edited, not regenerated: early boot keeps ids=
+    ht.boot_root(root, "kpro6")
+    assert driver(root, "0000:01:00.0") == "vfio-pci"
+
+
+# -- the nvidia module refuses what a real host would not survive ---------------------------------------
+@pytest.mark.skipif(SKIP11 is not None, reason=SKIP11 or "")
+def test_nvidia_refuses_a_module_built_by_another_gcc(
+    tmp_path: Path, cache: ht.ModuleCache
+) -> None:
+    root = ht.make_root(tmp_path, "h200x2")
+    cache.install(root, KVER, cc="gcc-11")
+    ht.boot_root(root, "h200x2")
+    s = state(root)
+    assert not s["nvidia"]["loaded"]
+    assert s["nvidia"]["reason"] == "GCC 11.3.0 != kernel GCC 12.2.0"
+    assert "refusing mismatched toolchain" in read(root, hwsim.DMESG)
+    assert (
+        ht.run(root, "modinfo", "-F", "vermagic", "nvidia").stdout
+        == f"{KVER} SMP preempt mod_unload modversions \n"
+    )
+    got = ht.run(root, "modprobe", "nvidia")
+    assert (
+        got.returncode == 1
+        and got.stderr == "modprobe: ERROR: could not insert 'nvidia': Exec format error\n"
+    )
+    assert ht.run(root, "nvidia-smi").returncode == 9
+
+
+@needs_build
+def test_nvidia_refuses_a_foreign_vermagic(tmp_path: Path, cache: ht.ModuleCache) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    ko = cache.ko("nvidia", "6.1.0-99-amd64")
+    dest = root / f"lib/modules/{NEW}/updates/dkms"
+    dest.mkdir(parents=True)
+    (dest / "nvidia.ko").write_bytes(ko.read_bytes())
+    ht.boot_root(root, "kpro6")
+    assert state(root)["nvidia"]["reason"].startswith("vermagic '6.1.0-99-amd64 SMP")
+    assert f"should be '{NEW} SMP preempt mod_unload modversions '" in read(root, hwsim.DMESG)
+
+
+@needs_build
+def test_nvidia_needs_gsp_firmware_of_its_version(tmp_path: Path, cache: ht.ModuleCache) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    cache.install(root, NEW, firmware=False)
+    ht.boot_root(root, "kpro6")
+    assert (
+        state(root)["nvidia"]["reason"]
+        == "no GSP firmware /lib/firmware/nvidia/580.159.04/gsp_*.bin"
+    )
+    assert ht.run(root, "nvidia-smi").returncode == 9
+    (root / "lib/firmware/nvidia/580.159.04").mkdir(parents=True)
+    (root / "lib/firmware/nvidia/580.159.04/gsp_ga10x.bin").write_bytes(b"fw")
+    ht.boot_root(root, "kpro6")
+    info = read(root, "proc/driver/nvidia/gpus/0000:01:00.0/information")
+    assert "GPU Firmware: \t 580.159.04\n" in info
+
+
+@needs_build
+def test_blackwell_needs_the_open_module(tmp_path: Path, cache: ht.ModuleCache) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    cache.install(root, NEW, license="NVIDIA")
+    ht.boot_root(root, "kpro6")
+    assert "requires use of the NVIDIA open kernel modules" in read(root, hwsim.DMESG)
+    assert not state(root)["nvidia"]["loaded"]
+
+
+# -- quirks -----------------------------------------------------------------------------------------------
+@needs_build
+def test_sev_snp_p2p_unsafe_and_identity_breaks_fsp(tmp_path: Path, cache: ht.ModuleCache) -> None:
+    root = ht.make_root(tmp_path, "sevsnp")
+    cache.install(root, KVER)
+    ht.boot_root(root, "sevsnp")
+    s = state(root)
+    assert s["sev_snp_active"] and s["p2p_dma_safe"] is False
+    assert read(root, "sys/module/kvm_amd/parameters/sev_snp") == "Y\n"
+    assert "sev_snp" in read(root, "proc/cpuinfo")
+    p2p = ht.run(root, "nvidia-smi", "topo", "-p2p", "r").stdout
+    assert " GPU0\tX\tOK\tNS\tNS\t" in p2p  # the driver still says OK: the corruption is silent
+    refresh(root, cmdline="root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet iommu=pt")
+    ht.boot_root(root, "sevsnp")
+    s = state(root)
+    assert not s["sev_snp_active"]
+    assert read(root, "sys/kernel/iommu_groups/53/type") == "identity\n"
+    assert len(s["gpu_failed"]) == 4 and "0x177" in read(root, hwsim.DMESG)
+    got = ht.run(root, "nvidia-smi", "-L")
+    assert (got.returncode, got.stdout) == (6, "No devices were found\n")
+    assert re.search(r"RmInitAdapter failed! \(0x62:0x177", read(root, hwsim.DMESG))

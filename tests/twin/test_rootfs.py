@@ -1,0 +1,96 @@
+"""The base rootfs: mirror discovery (pure) and the built base's contents (needs root)."""
+
+from pathlib import Path
+
+import pytest
+
+from twin import rootfs
+from twin.pytest_plugin import require_twins
+
+DEB822 = """Types: deb
+URIs: http://mirror.invalid/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://mirror.invalid/debian-security
+Suites: bookworm-security
+Components: main
+"""
+
+
+def _etc_apt(tmp_path: Path, sources: str = "", listing: str = "") -> Path:
+    (tmp_path / "sources.list.d").mkdir()
+    if sources:
+        (tmp_path / "sources.list.d" / "debian.sources").write_text(sources)
+    if listing:
+        (tmp_path / "sources.list").write_text(listing)
+    return tmp_path
+
+
+def test_mirror_from_deb822_sources(tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUHOST_TWIN_MIRROR", raising=False)
+    mirror = rootfs.find_mirror(_etc_apt(tmp_path, sources=DEB822))
+    assert mirror.uri == "http://mirror.invalid/debian"
+    assert mirror.keyring == "/usr/share/keyrings/debian-archive-keyring.gpg"
+
+
+def test_mirror_from_one_line_sources_list(tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUHOST_TWIN_MIRROR", raising=False)
+    listing = (
+        "# comment\ndeb [signed-by=/k.gpg] http://mirror.invalid/debian/ bookworm main contrib\n"
+    )
+    mirror = rootfs.find_mirror(_etc_apt(tmp_path, listing=listing))
+    assert mirror == rootfs.Mirror("http://mirror.invalid/debian", "/k.gpg")
+
+
+def test_mirror_override_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHOST_TWIN_MIRROR", "http://other.invalid/debian/")
+    assert (
+        rootfs.find_mirror(_etc_apt(tmp_path, sources=DEB822)).uri == "http://other.invalid/debian"
+    )
+
+
+def test_no_mirror_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUHOST_TWIN_MIRROR", raising=False)
+    with pytest.raises(rootfs.RootfsError, match="GPUHOST_TWIN_MIRROR"):
+        rootfs.find_mirror(_etc_apt(tmp_path, listing="deb http://x.invalid/debian trixie main\n"))
+
+
+def test_recipe_hash_follows_the_package_list(monkeypatch):
+    before = rootfs.recipe_hash()
+    assert rootfs.recipe_hash() == before  # stable: the cache is found again
+    monkeypatch.setattr(rootfs, "PACKAGES", (*rootfs.PACKAGES, "gcc-11"))
+    assert rootfs.recipe_hash() != before
+
+
+def test_chroot_safety_refuses_writable_components(tmp_path):
+    unsafe = tmp_path / "x"
+    unsafe.mkdir()
+    unsafe.chmod(0o777)
+    with pytest.raises(rootfs.RootfsError, match="ChrootDirectory"):
+        rootfs.check_chroot_safe(unsafe)
+
+
+@pytest.mark.twin
+def test_base_holds_toolchain_and_real_headers():
+    require_twins()
+    base = rootfs.ensure_base()
+    rootfs.check_chroot_safe(base)
+    release = rootfs.headers_version(base)
+    assert release.endswith("-amd64")
+    config = (base / "usr/src" / f"linux-headers-{release}" / ".config").read_text()
+    assert 'CONFIG_CC_VERSION_TEXT="gcc-12 (Debian 12.2.0' in config
+    for tool in (
+        "usr/bin/gcc-12",
+        "usr/bin/make",
+        "usr/bin/python3",
+        "usr/bin/kmod",
+        "usr/bin/apt-get",
+    ):
+        assert (base / tool).exists(), tool
+    assert "root:x:0:0:root:/root:/bin/bash" in (base / "etc/passwd").read_text()
+    assert not list((base / "etc/ssh").glob("ssh_host_*")), (
+        "host keys must not be shared via the base"
+    )

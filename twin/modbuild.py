@@ -1,0 +1,123 @@
+"""Real kernel modules for the twin: Proxmox-named headers and tiny .ko files built with real gcc.
+
+The twin's kernels are simulated, but modules are real ELF objects: the simulated kernel reads
+their vermagic and .comment exactly as a real one would. Debian's linux-headers (6.1) are
+re-stamped with a Proxmox release name so `make -C /lib/modules/<kver>/build M=$PWD modules`
+produces a .ko whose vermagic is "<kver> SMP preempt mod_unload modversions" (feasibility.md: ~1 s).
+
+    headers = stamp_headers(Path("/"), "6.8.12-9-pve", dest)         # dest/usr/src/linux-headers-...
+    ko = build_module(headers, "nvidia", "580.159.04", workdir)      # gcc-12, like the kernel
+    ko = build_module(headers, "nvidia", "580.159.04", workdir, cc="gcc-11")  # toolchain mismatch
+    install_driver(root, "6.8.12-9-pve", "580.159.04", kos)           # + GSP firmware
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+# gcc-11 cannot take these gcc-12 flags the Debian 6.1 config turns on; dropping them changes
+# nothing the twin checks (the .comment still names gcc-11).
+GCC11_OVERRIDES = ["CONFIG_INIT_STACK_ALL_ZERO=", "CONFIG_CC_HAS_AUTO_VAR_INIT_ZERO="]
+NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
+GSP_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+
+
+class ModuleBuildError(RuntimeError):
+    """make failed; the message carries its output."""
+
+
+def debian_headers(root: Path) -> Path | None:
+    """The newest Debian linux-headers-*-amd64 tree under root (not -common, not a twin copy)."""
+    found = [
+        d
+        for d in (root / "usr/src").glob("linux-headers-*-amd64")
+        if (d / "Makefile").exists() and not d.name.endswith("-common")
+    ]
+    return max(found, key=lambda d: d.name) if found else None
+
+
+def stamp_headers(src_root: Path, kver: str, dest_root: Path) -> Path:
+    """Copy Debian's arch headers to dest_root/usr/src/linux-headers-<kver> named as <kver>.
+
+    Only the release string changes (Makefile, utsrelease.h, kernel.release); the shared -common
+    tree and linux-kbuild are referenced by absolute paths, valid inside the twin and on the host.
+    """
+    src = debian_headers(src_root)
+    if src is None:
+        raise ModuleBuildError(f"no Debian linux-headers-*-amd64 under {src_root}/usr/src")
+    dest = dest_root / f"usr/src/linux-headers-{kver}"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src, dest, symlinks=True)
+    old = src.name.removeprefix("linux-headers-")
+    for rel in ("Makefile", "include/generated/utsrelease.h"):
+        f = dest / rel
+        f.write_text(f.read_text().replace(old, kver))
+    (dest / "include/config/kernel.release").write_text(kver + "\n")
+    for link in ("scripts", "tools"):
+        target = dest / link
+        if target.is_symlink() and not os.readlink(target).startswith("/"):
+            absolute = os.path.normpath(os.path.join("/usr/src", os.readlink(target)))
+            target.unlink()
+            target.symlink_to(absolute)
+    return dest
+
+
+MODULE_C = """\
+#include <linux/module.h>
+MODULE_LICENSE("{license}");
+MODULE_VERSION("{version}");
+MODULE_DESCRIPTION("gpuhost twin stand-in for {name}");
+static int __init twin_init(void) {{ return 0; }}
+static void __exit twin_exit(void) {{ }}
+module_init(twin_init);
+module_exit(twin_exit);
+"""
+
+
+def build_module(
+    headers: Path,
+    name: str,
+    version: str,
+    workdir: Path,
+    cc: str = "gcc-12",
+    license: str = "Dual MIT/GPL",
+) -> Path:
+    """Build a real, empty <name>.ko with version= against headers, with compiler cc."""
+    src = workdir / f"{name}-{cc}"
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir(parents=True)
+    (src / f"{name}.c").write_text(MODULE_C.format(name=name, version=version, license=license))
+    (src / "Kbuild").write_text(f"obj-m := {name}.o\n")
+    cmd = ["make", "-s", "-C", str(headers), f"M={src}", f"CC={cc}", "modules"]
+    if cc != "gcc-12":
+        cmd[-1:-1] = GCC11_OVERRIDES
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    ko = src / f"{name}.ko"
+    if proc.returncode != 0 or not ko.exists():
+        raise ModuleBuildError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
+    return ko
+
+
+def install_driver(
+    root: Path,
+    kver: str,
+    version: str,
+    kos: dict[str, Path],
+    firmware: bool = True,
+    subdir: str = "updates/dkms",
+) -> None:
+    """Place built .ko files where DKMS would and, optionally, the GSP firmware of version."""
+    target = root / f"lib/modules/{kver}/{subdir}"
+    target.mkdir(parents=True, exist_ok=True)
+    for name, ko in kos.items():
+        shutil.copy2(ko, target / f"{name.replace('_', '-')}.ko")
+    if firmware:
+        fw = root / f"lib/firmware/nvidia/{version}"
+        fw.mkdir(parents=True, exist_ok=True)
+        for blob in GSP_FIRMWARE:
+            (fw / blob).write_bytes(b"twin GSP firmware " + version.encode() + b"\n")

@@ -1,0 +1,253 @@
+"""The twin's Proxmox API: https://<address>:8006/api2/json, API-token auth, over /etc/pve.
+
+    python -m twin.pve.api --root <twin root> --address 127.0.0.N [--port 8006] [--token-file F]
+
+Serves the routes of twin/pve/routes.py with pveproxy's conventions (formats.md §4): responses
+wrapped as {"data": ...}; errors as HTTP status + reason (the message) and {"data": null} plus
+{"errors": {...}} for parameter errors. Auth: `Authorization: PVEAPIToken=USER@REALM!TOKENID=SECRET`
+checked against the token file (default <root>/etc/pve/priv/token.cfg, lines
+`user@realm!tokenid <secret>` like pmxcfs keeps them); anything else gets 401.
+TLS: a self-signed certificate per twin in <root>/etc/pve/local/pve-ssl.{pem,key}, also copied to
+<root>/etc/pve/pve-root-ca.pem so clients can verify against it. Secrets are never logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import ipaddress
+import json
+import os
+import re
+import ssl
+import subprocess
+import sys
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+from . import config as cfg
+from . import routes
+from .schema import ParamError, PveError
+
+PREFIX = "/api2/json"
+TOKEN_FILE = "etc/pve/priv/token.cfg"
+
+
+# --- tokens and certificates ---
+
+
+def create_token(root: Path, userid: str = "root@pam", tokenid: str = "gpuhost") -> str:
+    """Add (or replace) an API token in <root>/etc/pve/priv/token.cfg; return its secret."""
+    if not re.fullmatch(r"[^\s:!@]+@[A-Za-z][A-Za-z0-9.\-_]+", userid):
+        raise ValueError(f"userid {userid!r} is not like 'root@pam'")
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9.\-_]+", tokenid):
+        raise ValueError(f"tokenid {tokenid!r} must start with a letter (letters, digits, .-_)")
+    path = root / TOKEN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    full = f"{userid}!{tokenid}"
+    lines = [ln for ln in _read_lines(path) if ln.split(" ", 1)[0] != full]
+    secret = str(uuid.uuid4())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write("".join(f"{ln}\n" for ln in [*lines, f"{full} {secret}"]))
+    return secret
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def load_tokens(path: Path) -> dict[str, str]:
+    """{"user@realm!tokenid": secret}; `=` is accepted as separator too."""
+    tokens = {}
+    for line in _read_lines(path):
+        if line.startswith("#"):
+            continue
+        m = re.fullmatch(r"(\S+!\S+?)(?:\s+|=)(\S+)", line)
+        if m:
+            tokens[m.group(1)] = m.group(2)
+    return tokens
+
+
+def ensure_certificate(root: Path, address: str) -> tuple[Path, Path]:
+    """Self-signed pve-ssl.pem/key for the node name and address (made once per twin)."""
+    local = root / "etc/pve/local"
+    local = local if local.exists() else root / "etc/pve/nodes" / cfg.node_name(root)
+    local.mkdir(parents=True, exist_ok=True)
+    pem, key = local / "pve-ssl.pem", local / "pve-ssl.key"
+    marker = local / ".pve-ssl.san"
+    node = cfg.node_name(root)
+    san = f"DNS:{node},DNS:localhost,IP:127.0.0.1"
+    if address and _is_ip(address) and address != "127.0.0.1":
+        san += f",IP:{address}"
+    if not (pem.exists() and key.exists() and marker.exists() and marker.read_text() == san):
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-days", "3650",
+             "-keyout", str(key), "-out", str(pem), "-subj", f"/OU=PVE Cluster Node/O=Proxmox Virtual Environment/CN={node}",
+             "-addext", f"subjectAltName={san}",
+             "-addext", "basicConstraints=critical,CA:TRUE"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        key.chmod(0o600)
+        marker.write_text(san)
+    (root / "etc/pve/pve-root-ca.pem").write_bytes(pem.read_bytes())
+    return pem, key
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+# --- the server ---
+
+
+class ApiServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, root: Path, address: str, port: int, token_file: Path) -> None:
+        self.root = root
+        self.token_file = token_file
+        super().__init__((address, port), ApiHandler)
+
+
+class ApiHandler(BaseHTTPRequestHandler):
+    server: ApiServer
+    server_version = "pve-api-daemon/3.0"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: request lines may carry parameters; never log anything secret."""
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _authorized(self) -> bool:
+        header = self.headers.get("Authorization", "")
+        m = re.fullmatch(r"PVEAPIToken=(\S+?!\S+?)=(\S+)", header.strip())
+        if not m:
+            return False
+        secret = load_tokens(self.server.token_file).get(m.group(1))
+        return secret is not None and hmac.compare_digest(secret, m.group(2))
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode() if length else ""
+        if not url.path.startswith(PREFIX + "/") and url.path != PREFIX:
+            self._reply(404, "Not Found", None)
+            return
+        if not self._authorized():
+            self._reply(401, "No ticket" if "Authorization" not in self.headers else
+                        "authentication failure", None)  # fmt: skip
+            return
+        params = dict(parse_qsl(url.query, keep_blank_values=True))
+        if body:
+            if "json" in (self.headers.get("Content-Type") or ""):
+                params.update({k: _text(v) for k, v in json.loads(body).items()})
+            else:
+                params.update(parse_qsl(body, keep_blank_values=True))
+        path = url.path[len(PREFIX) :] or "/"
+        cfg.drain_warnings()  # pveproxy sends parser warnings to syslog, not to the client
+        try:
+            result = routes.call(self.server.root, method, path, params)
+        except ParamError as exc:
+            self._reply(400, exc.msg.strip(), None, errors=exc.errors)
+            return
+        except PveError as exc:
+            self._reply(exc.code, exc.msg.strip().splitlines()[0], None)
+            return
+        except Exception as exc:  # a twin bug: answer like a crashed handler, keep serving
+            self._reply(500, f"internal error: {type(exc).__name__}", None)
+            return
+        self._reply(200, "OK", result.data)
+
+    def _reply(
+        self, code: int, reason: str, data: object, errors: dict[str, str] | None = None
+    ) -> None:
+        payload: dict[str, object] = {"data": data}
+        if errors:
+            payload["errors"] = errors
+        body = json.dumps(payload).encode()
+        self.send_response(code, reason.encode("latin-1", "replace").decode("latin-1"))
+        self.send_header("Content-Type", "application/json;charset=UTF-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "max-age=0")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def serve(
+    root: Path, address: str = "127.0.0.1", port: int = 8006, token_file: Path | None = None
+) -> ApiServer:
+    """A ready (not yet serving) HTTPS server; call serve_forever() or run it in a thread."""
+    pem, key = ensure_certificate(root, address)
+    server = ApiServer(root, address, port, token_file or root / TOKEN_FILE)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pem, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    return server
+
+
+def serve_in_thread(
+    root: Path, address: str = "127.0.0.1", port: int = 8006, token_file: Path | None = None
+) -> tuple[ApiServer, threading.Thread]:
+    server = serve(root, address, port, token_file)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    return server, thread
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m twin.pve.api", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--root", type=Path, required=True, help="the twin's root directory")
+    parser.add_argument("--address", default="127.0.0.1", help="loopback address to listen on")
+    parser.add_argument("--port", type=int, default=8006)
+    parser.add_argument("--token-file", type=Path, help="default: <root>/etc/pve/priv/token.cfg")
+    args = parser.parse_args(argv)
+    server = serve(args.root, args.address, args.port, args.token_file)
+    print(
+        f"twin Proxmox API on https://{args.address}:{args.port}{PREFIX}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

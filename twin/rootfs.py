@@ -1,0 +1,230 @@
+"""The twin's base root filesystem: Debian 12 made once with debootstrap, cached by recipe.
+
+Every twin (and every guest container) is an overlay whose lower layer is this tree, so the base is
+never written to after it is built. The cache key is a hash of the recipe (suite, packages and the
+source of the setup steps): change any of them and the next `ensure_base()` builds a new base.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import inspect
+import os
+import re
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+SUITE = "bookworm"
+# What a Proxmox GPU host needs for the deploys: a package manager, the real toolchain and real
+# Debian kernel headers for out-of-tree module builds, kmod, python3 (pyinfra facts and the twin's
+# shims), TLS roots; openssh-server is for the guest containers, which run their own sshd.
+PACKAGES = (
+    "apt",
+    "dpkg",
+    "gcc-12",
+    "make",
+    "libc6-dev",
+    "linux-headers-amd64",
+    "kmod",
+    "python3",
+    "ca-certificates",
+    "openssh-server",
+)
+CACHE_ROOT = Path(os.environ.get("GPUHOST_TWIN_CACHE", "/var/cache/gpuhost-twin"))
+
+
+class RootfsError(RuntimeError):
+    """The base rootfs cannot be built (no mirror, debootstrap failed, unsafe cache path)."""
+
+
+@dataclass(frozen=True)
+class Mirror:
+    uri: str
+    keyring: str | None  # Signed-By of the apt entry, handed to debootstrap --keyring
+
+
+def find_mirror(etc_apt: Path = Path("/etc/apt")) -> Mirror:
+    """The Debian mirror this machine's apt uses for SUITE, or GPUHOST_TWIN_MIRROR."""
+    override = os.environ.get("GPUHOST_TWIN_MIRROR")
+    if override:
+        return Mirror(override.rstrip("/"), None)
+    for path in sorted((etc_apt / "sources.list.d").glob("*.sources")):
+        for stanza in re.split(r"\n\s*\n", path.read_text()):
+            fields = _deb822(stanza)
+            if (
+                "deb" in fields.get("types", "").split()
+                and SUITE in fields.get("suites", "").split()
+                and "main" in fields.get("components", "").split()
+                and fields.get("enabled", "yes") != "no"
+            ):
+                return Mirror(fields["uris"].split()[0].rstrip("/"), fields.get("signed-by"))
+    lists = [etc_apt / "sources.list", *sorted((etc_apt / "sources.list.d").glob("*.list"))]
+    for path in lists:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            m = re.match(r"deb\s+(?:\[([^\]]*)\]\s+)?(\S+)\s+(\S+)\s+(.*)", line.strip())
+            if m and m.group(3) == SUITE and "main" in m.group(4).split():
+                opts = dict(o.split("=", 1) for o in (m.group(1) or "").split() if "=" in o)
+                return Mirror(m.group(2).rstrip("/"), opts.get("signed-by"))
+    raise RootfsError(
+        f"no apt source for Debian '{SUITE}' main in {etc_apt}; set GPUHOST_TWIN_MIRROR=<mirror URL>"
+    )
+
+
+def _deb822(stanza: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    key = ""
+    for line in stanza.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        if line[0].isspace() and key:
+            fields[key] += " " + line.strip()
+        elif ":" in line:
+            key, value = line.split(":", 1)
+            key = key.strip().lower()
+            fields[key] = value.strip()
+    return fields
+
+
+def _setup(root: Path) -> None:
+    """Steps after debootstrap that make the tree a twin base (part of the recipe hash)."""
+    # No service may start inside a twin from a package's postinst (there is no init system).
+    policy = root / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\n# gpuhost twin: no init system, never start services\nexit 101\n")
+    policy.chmod(0o755)
+    # Each twin and guest makes its own host keys; none may be shared through the base.
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    (root / "run/sshd").mkdir(parents=True, exist_ok=True)
+    (root / "root/.ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_dev(root / "dev")
+    # /proc and /sys stay plain directories: the twin's boot writes plain files into them.
+    for name in ("proc", "sys"):
+        (root / name).mkdir(exist_ok=True)
+    passwd = root / "etc/passwd"
+    text = passwd.read_text()
+    passwd.write_text(re.sub(r"^root:.*$", "root:x:0:0:root:/root:/bin/bash", text, flags=re.M))
+    (root / "etc/hostname").write_text("localhost\n")
+    subprocess.run(["chroot", str(root), "apt-get", "clean"], check=True)
+
+
+def make_dev(dev: Path) -> None:
+    """What a login needs in a chroot: the basic character devices and a pty master."""
+    for name, major, minor in (
+        ("null", 1, 3),
+        ("zero", 1, 5),
+        ("full", 1, 7),
+        ("random", 1, 8),
+        ("urandom", 1, 9),
+        ("tty", 5, 0),
+    ):
+        node = dev / name
+        if node.is_symlink() or node.exists():
+            node.unlink()
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        node.chmod(0o666)
+    (dev / "pts").mkdir(exist_ok=True)
+    ptmx = dev / "ptmx"
+    if ptmx.is_symlink() or ptmx.exists():
+        ptmx.unlink()
+    ptmx.symlink_to("pts/ptmx")  # a twin bind-mounts the machine's devpts onto dev/pts
+    (dev / "shm").mkdir(exist_ok=True)
+    (dev / "shm").chmod(0o1777)
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
+        if not (dev / name).is_symlink() and not (dev / name).exists():
+            (dev / name).symlink_to(target)
+
+
+def recipe_hash() -> str:
+    steps = [inspect.getsource(_setup), inspect.getsource(make_dev)]
+    recipe = "\n".join([SUITE, *PACKAGES, *steps])
+    return hashlib.sha256(recipe.encode()).hexdigest()[:16]
+
+
+def base_path() -> Path:
+    return CACHE_ROOT / f"base-{recipe_hash()}"
+
+
+def check_chroot_safe(path: Path) -> None:
+    """sshd's ChrootDirectory refuses any component not root-owned or group/world-writable."""
+    for part in [path, *path.parents]:
+        st = part.stat()
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            raise RootfsError(
+                f"{part} must be owned by root and not group/world-writable "
+                f"(sshd ChrootDirectory demands it); twin paths cannot live under it"
+            )
+
+
+def ensure_base(log: bool = True) -> Path:
+    """Return the cached base rootfs, building it first when the recipe has no cache yet."""
+    target = base_path()
+    if (target / ".gpuhost-twin-base").exists():
+        return target
+    CACHE_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
+    check_chroot_safe(CACHE_ROOT)
+    with open(CACHE_ROOT / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; a waiter then finds it done
+        if (target / ".gpuhost-twin-base").exists():
+            return target
+        _build(target, find_mirror(), log)
+    return target
+
+
+def _build(target: Path, mirror: Mirror, log: bool) -> None:
+    tmp = target.with_name(target.name + ".building")
+    if tmp.exists():
+        _unmount_below(tmp)
+        shutil.rmtree(tmp)
+    tmp.mkdir(mode=0o755)
+    cmd = ["debootstrap", "--variant=minbase", "--components=main"]
+    cmd += [f"--include={','.join(PACKAGES)}"]
+    if mirror.keyring:
+        cmd.append(f"--keyring={mirror.keyring}")
+    cmd += [SUITE, str(tmp), mirror.uri]
+    out = None if log else subprocess.DEVNULL
+    try:
+        subprocess.run(cmd, check=True, stdout=out, stderr=out)
+        _setup(tmp)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        _unmount_below(tmp)
+        raise RootfsError(f"building the twin base failed: {exc}") from exc
+    finally:
+        _unmount_below(tmp)  # debootstrap can leave proc/sys mounted when it fails
+    (tmp / ".gpuhost-twin-base").write_text(recipe_hash() + "\n")
+    tmp.rename(target)
+
+
+def _unmount_below(path: Path) -> None:
+    prefix = str(path.resolve()) + "/"
+    for mnt in reversed(Path("/proc/self/mounts").read_text().splitlines()):
+        point = mnt.split()[1]
+        if point.startswith(prefix):
+            subprocess.run(["umount", "-l", point], check=False)
+
+
+def headers_version(base: Path) -> str:
+    """The Debian kernel release whose headers the base holds (e.g. 6.1.0-37-amd64)."""
+    versions = sorted(
+        p.name
+        for p in (base / "lib/modules").iterdir()
+        if (p / "build").is_symlink() or (p / "build").is_dir()
+    )
+    if not versions:
+        raise RootfsError(f"{base} has no /lib/modules/*/build: linux-headers did not install")
+    return versions[-1]
+
+
+if __name__ == "__main__":
+    path = ensure_base()
+    print(f"{path} ({headers_version(path)})")
