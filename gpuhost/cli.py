@@ -22,7 +22,7 @@ from gpuhost.hostfacts import (
     read_snapshot,
     write_snapshot,
 )
-from gpuhost.inventory import load_inventory
+from gpuhost.inventory import SPEC_KEY, load_inventory
 from gpuhost.plan import make_plan
 from gpuhost.render import render_plan
 
@@ -31,11 +31,18 @@ def gather_live(
     inventory: str, limit: str | None = None
 ) -> dict[str, dict[str, tuple[int, list[str]]]]:
     """Run every fact command on the inventory's hosts over pyinfra; host -> raw outputs."""
-    from pyinfra.api import Config, State
+    from pyinfra.api import Config, Inventory, State
     from pyinfra.api.connect import connect_all, disconnect_all
-    from pyinfra_cli.inventory import make_inventory
 
-    state = State(make_inventory(inventory), Config())
+    # Built here rather than with pyinfra_cli, which monkey-patches the whole process (gevent).
+    if Path(inventory).is_file():
+        hosts = [
+            (name, {**data, SPEC_KEY: spec})
+            for name, (spec, data) in load_inventory(inventory).items()
+        ]
+    else:
+        hosts = [(name, {}) for name in inventory.split(",")]
+    state = State(Inventory((hosts, {})), Config())
     connect_all(state)
     try:
         raw: dict[str, dict[str, tuple[int, list[str]]]] = {}
