@@ -125,7 +125,8 @@ class BootKernelList(FactBase["BootKernels | None"]):
 
 _KEY = re.compile(r"^(?P<key>[a-z][a-z_]*\d*):\s*(?P<value>.+?)\s*$")
 _RAW = re.compile(r"^(?P<key>lxc\.[a-z0-9_\-.]+)(?::|\s*=)\s*(?P<value>.*?)\s*$")
-_SECTION = re.compile(r"^\[(?P<name>[a-z][a-z0-9_\-]+|pve:pending)\]\s*$")
+# [pve:pending] (containers), [PENDING] and [special:cloudinit] (VMs), [snapshot-name]
+_SECTION = re.compile(r"^\[(?P<name>[a-z][a-z0-9_\-]+|pve:pending|PENDING|special:cloudinit)\]\s*$")
 _CONF_HEADER = re.compile(r"^==> /etc/pve/(?P<kind>lxc|qemu-server)/(?P<id>\d+)\.conf <==$")
 
 
@@ -160,7 +161,7 @@ def parse_pve_config(lines: list[str], kind: str, vmid: int) -> GuestConfig:
         header = _SECTION.match(line)
         if header:
             section = PveConfig()
-            if header["name"] == "pve:pending":
+            if header["name"] in ("pve:pending", "PENDING"):
                 guest.pending = section
             else:
                 guest.snapshots[header["name"]] = section

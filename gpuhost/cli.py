@@ -9,6 +9,7 @@ gpuhost capture-script > capture.sh                  # the same, as a script to 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,34 +28,36 @@ from gpuhost.plan import make_plan
 from gpuhost.render import render_plan
 
 
-def gather_live(
-    inventory: str, limit: str | None = None
-) -> dict[str, dict[str, tuple[int, list[str]]]]:
-    """Run every fact command on the inventory's hosts over pyinfra; host -> raw outputs."""
+def gather(hosts: list[tuple[str, dict]]) -> dict[str, dict[str, tuple[int, list[str]]]]:
+    """Run every fact command on these (name, pyinfra host data) hosts, one round trip each."""
     from pyinfra.api import Config, Inventory, State
     from pyinfra.api.connect import connect_all, disconnect_all
 
     # Built here rather than with pyinfra_cli, which monkey-patches the whole process (gevent).
-    if Path(inventory).is_file():
-        hosts = [
-            (name, {**data, SPEC_KEY: spec})
-            for name, (spec, data) in load_inventory(inventory).items()
-        ]
-    else:
-        hosts = [(name, {}) for name in inventory.split(",")]
     state = State(Inventory((hosts, {})), Config())
     connect_all(state)
     try:
         raw: dict[str, dict[str, tuple[int, list[str]]]] = {}
         for host in state.inventory.iter_activated_hosts():
-            if limit and host.name != limit:
-                continue
-            if host not in state.activated_hosts:
-                raise PyinfraError(f"could not connect to {host.name}")
             raw[host.name] = host.get_fact(Combined, **combined_args())
+        missing = [name for name, _ in hosts if name not in raw]
+        if missing:
+            raise PyinfraError(f"could not connect to {', '.join(missing)}")
         return raw
     finally:
         disconnect_all(state)
+
+
+def gather_live(
+    inventory: str, limit: str | None = None
+) -> dict[str, dict[str, tuple[int, list[str]]]]:
+    """Facts of an inventory file's hosts (or of pyinfra host names such as @local)."""
+    if Path(inventory).is_file():
+        entries = load_inventory(inventory).items()
+        hosts = [(name, {**data, SPEC_KEY: spec}) for name, (spec, data) in entries]
+    else:
+        hosts = [(name, {}) for name in inventory.split(",")]
+    return gather([h for h in hosts if not limit or h[0] == limit])
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -85,6 +88,39 @@ def _capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def _twin(args: argparse.Namespace) -> int:
+    """Start a local twin if none runs, then provision it with the main deploy."""
+    import os
+
+    from twin import driver, node
+
+    if os.geteuid() != 0:
+        raise PyinfraError("twins need root (overlay mounts, chroot sshd): run with sudo")
+    running = [t for t in node.list_twins() if node.is_up(t)]
+    if not running:
+        print(f"starting a {args.profile} twin...", file=sys.stderr)
+        running = node.start_fleet(1, args.profile)
+    twin = running[0]
+    spec, _ = load_inventory(INVENTORY)[twin.name]
+    if args.driver and driver.install(twin, spec.driver.version):
+        print(
+            f"{twin.name}: simulated NVIDIA driver {spec.driver.version} installed", file=sys.stderr
+        )
+    pyinfra = Path(sys.executable).parent / "pyinfra"
+    command = [
+        str(pyinfra),
+        "-y",
+        *(["--dry"] if args.dry else []),
+        INVENTORY,
+        "deploys/gpu_host.py",
+    ]
+    print(" ".join(command), file=sys.stderr)
+    return subprocess.run(command, cwd=Path(__file__).parents[1]).returncode
+
+
+INVENTORY = "inventory/twin.py"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gpuhost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -102,6 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     capture.set_defaults(run=_capture)
     script = sub.add_parser("capture-script", help="print a shell script that saves a snapshot")
     script.set_defaults(run=lambda _: print(capture_script(), end="") or 0)
+    twin = sub.add_parser("twin", help="provision a local simulated host (starts one if needed)")
+    twin.add_argument("--profile", default="kpro6", help="hardware profile of a new twin")
+    twin.add_argument("--dry", action="store_true", help="show the plan and changes only")
+    twin.add_argument(
+        "--no-driver",
+        dest="driver",
+        action="store_false",
+        help="leave the twin without an NVIDIA driver (default: simulate the spec's driver)",
+    )
+    twin.set_defaults(run=_twin)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -41,6 +41,10 @@ SSHD = shutil.which("sshd", path="/usr/sbin:/usr/local/sbin:/sbin") or "/usr/sbi
 READY_TIMEOUT = 30.0
 
 
+# Twins from this index up belong to test sessions (127.0.0.201 and up), below to developers.
+FIRST_TEST_INDEX = 200
+
+
 class TwinError(RuntimeError):
     """A twin cannot be started, reached or stopped."""
 

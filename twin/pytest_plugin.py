@@ -35,7 +35,7 @@ SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PVE_DIRS = (
     "n=$(cat /etc/hostname); mkdir -p /etc/pve/nodes/$n/lxc; ln -sfn nodes/$n/lxc /etc/pve/lxc"
 )
-FIRST_TEST_INDEX = 200  # test twins use 127.0.0.201 up, away from a developer's twin1..
+FIRST_TEST_INDEX = node.FIRST_TEST_INDEX  # test twins use 127.0.0.201 up, away from twin1..
 
 
 def support_problem() -> str | None:

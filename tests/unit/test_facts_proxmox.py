@@ -46,7 +46,7 @@ def test_kernel_list_without_pins() -> None:
 
 def test_guest_configs() -> None:
     configs = parse_pve_configs(proxmox("guest-configs.out"))
-    assert set(configs) == {("lxc", 200), ("qemu", 129)}
+    assert set(configs) == {("lxc", 200), ("qemu", 129), ("qemu", 130)}
     ct = configs[("lxc", 200)]
     assert ct.current.description == ["inference container%3A GPUs 0-5"]
     assert ct.current.options["dev0"] == "/dev/nvidia0,gid=44"
@@ -62,6 +62,10 @@ def test_guest_configs() -> None:
     vm = configs[("qemu", 129)]
     assert vm.current.options["machine"] == "pc-q35-8.1"
     assert vm.current.options["hostpci1"] == "0000:e1:00,pcie=1"
+    cloud = configs[("qemu", 130)]
+    assert cloud.pending is not None and cloud.pending.options == {"memory": "32768"}
+    assert cloud.snapshots["special:cloudinit"].options == {"ipconfig0": "ip=dhcp"}
+    assert cloud.current.options["memory"] == "16384"
 
 
 def test_guest_configs_reject_garbage() -> None:

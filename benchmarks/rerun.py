@@ -1,0 +1,74 @@
+"""Converged re-run cost of the main deploy on twins, next to a one-operation pyinfra run.
+
+    sudo .venv/bin/python benchmarks/rerun.py [--runs 5] [--fleet 1,4,8]
+
+Prints, per fleet size: the median wall time of a converged `pyinfra -y inventory deploys/gpu_host.py`
+run, the remote commands it sends per host (counted from pyinfra's debug log), and the same
+figures for a one-operation deploy (`files.file` on one path) against the same twins.
+Twins are started as twin1..N (kpro6 profile, simulated driver installed) and stopped after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from twin import driver, node
+
+ROOT = Path(__file__).parents[1]
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+ONE_OP = ROOT / "benchmarks" / "one_op.py"
+
+
+def run(deploy: Path) -> tuple[float, int, str]:
+    """(seconds, remote commands, output) of one pyinfra run on inventory/twin.py."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(PYINFRA), "-y", "--debug", "inventory/twin.py", str(deploy)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    elapsed = time.monotonic() - t0
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise SystemExit(f"pyinfra failed:\n{output[-3000:]}")
+    return elapsed, output.count("Waiting for exit status"), output
+
+
+def measure(deploy: Path, runs: int, hosts: int) -> str:
+    times, commands = [], set()
+    for _ in range(runs):
+        elapsed, count, _ = run(deploy)
+        times.append(elapsed)
+        commands.add(count // hosts)
+    return f"median {statistics.median(times):.2f} s (min {min(times):.2f}), {sorted(commands)} commands/host"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--fleet", default="1,4,8", help="fleet sizes, comma separated")
+    args = parser.parse_args()
+    deploy = ROOT / "deploys" / "gpu_host.py"
+    for size in (int(n) for n in args.fleet.split(",")):
+        node.stop_all()
+        t0 = time.monotonic()
+        twins = node.start_fleet(size, "kpro6")
+        print(f"fleet of {size}: up in {time.monotonic() - t0:.1f} s", flush=True)
+        for twin in twins:
+            driver.install(twin, "595.71.05")
+        first, _, _ = run(deploy)  # converge (reboots once)
+        print(f"  first (converging) run:        {first:.2f} s", flush=True)
+        print(f"  converged gpu_host.py re-run:  {measure(deploy, args.runs, size)}", flush=True)
+        print(f"  one-operation deploy:          {measure(ONE_OP, args.runs, size)}", flush=True)
+    node.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
