@@ -125,6 +125,18 @@ def test_reboot_drops_sessions_and_comes_back(twins, command):
     assert "sleep" not in [_comm(p) for p in node.twin_processes(t.twin.dir)]
 
 
+def test_reboot_drops_idle_sessions_too(twins):
+    """An open SSH connection with no command running must not outlive the reboot either
+    (sshd's per-connection monitor runs outside the chroot, in a session of its own)."""
+    t = twins[1]
+    idle = t.connect()
+    assert idle.exec_command("true")[1].channel.recv_exit_status() == 0
+    t.reboot()
+    with pytest.raises(Exception):  # noqa: B017  (paramiko raises SSHException or EOFError)
+        idle.exec_command("cat /proc/sys/kernel/random/boot_id")[1].read()
+    idle.close()
+
+
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
