@@ -107,13 +107,8 @@ def _twin(args: argparse.Namespace) -> int:
             f"{twin.name}: simulated NVIDIA driver {spec.driver.version} installed", file=sys.stderr
         )
     pyinfra = Path(sys.executable).parent / "pyinfra"
-    command = [
-        str(pyinfra),
-        "-y",
-        *(["--dry"] if args.dry else []),
-        INVENTORY,
-        "deploys/gpu_host.py",
-    ]
+    # --dry without -y: pyinfra then runs change detection and lists what would change
+    command = [str(pyinfra), "--dry" if args.dry else "-y", INVENTORY, "deploys/gpu_host.py"]
     print(" ".join(command), file=sys.stderr)
     return subprocess.run(command, cwd=Path(__file__).parents[1]).returncode
 

@@ -52,7 +52,8 @@ def inventory(path: Path, twin: TwinHandle, spec: dict) -> Path:
 
 def deploy(inventory_file: Path, *args: str) -> Deploy:
     run = subprocess.run(
-        [str(PYINFRA), "-y", *args, str(inventory_file), "deploys/gpu_host.py"],
+        # --dry without -y: pyinfra then runs change detection and lists what would change
+        [str(PYINFRA), *(args or ["-y"]), str(inventory_file), "deploys/gpu_host.py"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -75,6 +75,8 @@ def test_boot_parameters_and_module_options_converge(
     dry = deploy(inv, "--dry")
     assert dry.rc == 0, dry.output
     assert "GPU plan for" in dry.output and "a reboot will be needed" in dry.output
+    changes = dry.output.split("--> Detected changes:", 1)[1]
+    assert "Kernel parameters in" in changes and "Reboot to apply boot-time changes" in changes
     assert manifest(twin.root) == before
     assert twin.boot_id() == boot_id
 

@@ -15,21 +15,28 @@ from tests.unit.conftest import proxmox, snapshot
 KPRO6_SLOTS = ["01", "21", "41", "61", "81", "a1", "c1", "e1"]  # one root port each
 
 
-def pci_line(
-    bdf: str,
-    path: str,
-    vendor: str,
-    device: str,
-    cls: str,
-    numa: int,
-    driver: str,
-    group: int | str,
-) -> str:
-    return (
-        f"bdf={bdf} path=/sys/devices/{path} vendor=0x{vendor} device=0x{device} class=0x{cls} "
-        f"subsystem_vendor=0x{vendor} subsystem_device=0x0000 numa_node={numa} "
-        f"driver_override=(null) driver={driver} iommu_group={group}"
-    )
+def pci_lines(
+    bdf: str, path: str, vendor: str, device: str, cls: str, numa: int, driver: str, group: int
+) -> list[str]:
+    """The lines PciDevices prints for one device (its link, driver/group links, attributes)."""
+    sys = f"/sys/bus/pci/devices/{bdf}"
+    return [
+        f"dev {bdf} ../../../devices/{path}",
+        f"link {sys} driver ../../../bus/pci/drivers/{driver}",
+        f"link {sys} iommu_group ../../../kernel/iommu_groups/{group}",
+        *(
+            f"{sys}/{attr}:{value}"
+            for attr, value in [
+                ("vendor", f"0x{vendor}"),
+                ("device", f"0x{device}"),
+                ("class", f"0x{cls}"),
+                ("subsystem_vendor", f"0x{vendor}"),
+                ("subsystem_device", "0x0000"),
+                ("numa_node", str(numa)),
+                ("driver_override", "(null)"),
+            ]
+        ),
+    ]
 
 
 def kpro6_raw(lumped: bool = False) -> dict[str, tuple[int, list[str]]]:
@@ -44,21 +51,21 @@ def kpro6_raw(lumped: bool = False) -> dict[str, tuple[int, list[str]]]:
         host = f"pci0000:{bus[0]}0"
         port = f"0000:{bus[0]}0:01.1"
         group = 100 if lumped and bus in ("c1", "e1") else 10 + i
-        pci.append(
-            pci_line(port, f"{host}/{port}", "1022", "14ab", "060400", numa, "pcieport", 50 + i)
+        pci.extend(
+            pci_lines(port, f"{host}/{port}", "1022", "14ab", "060400", numa, "pcieport", 50 + i)
         )
         for fn, (device, cls, driver) in enumerate(
             [("2bb1", "030000", "nvidia"), ("22e8", "040300", "snd_hda_intel")]
         ):
             bdf = f"0000:{bus}:00.{fn}"
-            pci.append(
-                pci_line(bdf, f"{host}/{port}/{bdf}", "10de", device, cls, numa, driver, group)
+            pci.extend(
+                pci_lines(bdf, f"{host}/{port}/{bdf}", "10de", device, cls, numa, driver, group)
             )
             groups.setdefault(group, []).append(bdf)
         groups.setdefault(50 + i, []).append(port)
     if lumped:
         sata = "0000:c0:08.0"
-        pci.append(pci_line(sata, f"pci0000:c0/{sata}", "1022", "7901", "010601", 1, "ahci", 100))
+        pci.extend(pci_lines(sata, f"pci0000:c0/{sata}", "1022", "7901", "010601", 1, "ahci", 100))
         groups[100].append(sata)
     gpu_rows = [
         f"{i}, 00000000:{bus}:00.0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, GPU-0000{i}, "

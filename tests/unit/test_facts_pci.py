@@ -3,6 +3,7 @@ import pytest
 from facts._parse import UnparsedOutput
 from facts.pci import parse_iommu_groups, parse_pci_devices
 from tests.unit.conftest import captured
+from tests.unit.hosts import pci_lines
 
 
 def test_h200x2_pci_devices() -> None:
@@ -27,19 +28,39 @@ def test_h200x1_has_one_gpu() -> None:
 
 
 def test_parent_bridge_and_groups_from_sysfs_paths() -> None:
-    line = (
-        "bdf=0000:41:00.0 path=/sys/devices/pci0000:40/0000:40:01.1/0000:41:00.0 vendor=0x10de "
-        "device=0x2bb1 class=0x030000 subsystem_vendor=0x10de subsystem_device=0x204b numa_node=0 "
-        "driver_override=vfio-pci driver=vfio-pci iommu_group=42"
+    lines = pci_lines(
+        "0000:41:00.0",
+        "pci0000:40/0000:40:01.1/0000:41:00.0",
+        "10de",
+        "2bb1",
+        "030000",
+        0,
+        "vfio-pci",
+        42,
     )
-    dev = parse_pci_devices([line])["0000:41:00.0"]
+    lines = [line.replace("driver_override:(null)", "driver_override:vfio-pci") for line in lines]
+    dev = parse_pci_devices(lines)["0000:41:00.0"]
     assert (dev.parent, dev.iommu_group, dev.numa_node) == ("0000:40:01.1", 42, 0)
-    assert (dev.driver_override, dev.is_gpu) == ("vfio-pci", True)
+    assert (dev.driver, dev.driver_override, dev.is_gpu) == ("vfio-pci", "vfio-pci", True)
+
+
+def test_device_without_driver_or_group() -> None:
+    lines = [
+        line
+        for line in pci_lines(
+            "0000:00:00.0", "pci0000:00/0000:00:00.0", "8086", "0d57", "060000", -1, "x", 1
+        )
+        if not line.startswith("link")
+    ]
+    dev = parse_pci_devices(lines)["0000:00:00.0"]
+    assert (dev.driver, dev.iommu_group, dev.numa_node, dev.parent) == (None, None, None, None)
 
 
 def test_unknown_pci_line_fails_loudly() -> None:
     with pytest.raises(UnparsedOutput, match="bdf=zz"):
         parse_pci_devices(["bdf=zz path=/x"])
+    with pytest.raises(UnparsedOutput, match="device without its ids"):
+        parse_pci_devices(["dev 0000:00:01.0 ../../../devices/pci0000:00/0000:00:01.0"])
 
 
 def test_iommu_groups() -> None:

@@ -177,7 +177,7 @@ def test_refuses_group_shared_with_unassigned_device() -> None:
     )
     # without the stray SATA controller the same VM may take both boards of the group
     raw = kpro6_raw(lumped=True)
-    pci = [line for line in raw["PciDevices"][1] if "0000:c0:08.0" not in line]
+    pci = [line for line in raw["PciDevices"][1] if "0000:c0:08.0" not in line]  # unplug it
     groups = [line.replace(" 0000:c0:08.0", "") for line in raw["IommuGroups"][1]]
     facts = kpro6(lumped=True, PciDevices=(0, pci), IommuGroups=(0, groups))
     plan = make_plan("kpro6", host(KPRO6, vm(129, ["0000:c1:00.0", "0000:e1:00.0"])), facts)
