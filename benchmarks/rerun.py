@@ -36,7 +36,9 @@ def run(deploy: Path) -> tuple[float, int, str]:
     elapsed = time.monotonic() - t0
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        raise SystemExit(f"pyinfra failed:\n{output[-3000:]}")
+        log = Path("/tmp/gpuhost-bench-failed.log")
+        log.write_text(output)
+        raise SystemExit(f"pyinfra failed (full output in {log}):\n{output[-3000:]}")
     return elapsed, output.count("Waiting for exit status"), output
 
 

@@ -93,23 +93,30 @@ def reboot_and_confirm(
     # Detached, so the SSH channel closes before the host goes down (see pyinfra #1708).
     yield StringCommand("( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &")
 
+    def read(host, fact) -> object | None:
+        """A fact read that may meet the old boot going down: None instead of failing the host
+        (host.get_fact would mark the host failed on the dropped session)."""
+        try:
+            ok, output = host.run_shell_command(StringCommand(fact.command()), print_output=False)
+        except Exception:  # paramiko's EOFError/SSHException/socket errors as sshd goes away
+            return None
+        return fact.process(output.stdout_lines) if ok and output.stdout_lines else None
+
     def wait_for_new_boot(state, host) -> bool:
         time.sleep(delay)
         deadline = time.monotonic() + timeout
+        new_id = None
         while time.monotonic() < deadline:
             host.disconnect()
             host.connect(show_errors=False)
             if host.connected:
-                try:
-                    new_id = host.get_fact(BootId)
-                except Exception:  # the old boot's sshd went away under us: retry
-                    new_id = boot_id
-                if new_id != boot_id:
+                new_id = read(host, BootId())
+                cmdline = read(host, KernelCmdline())
+                if new_id not in (None, boot_id) and cmdline is not None:
                     break
             time.sleep(1)
         else:
             raise OperationError(f"the host did not come back with a new boot within {timeout} s")
-        cmdline = host.get_fact(KernelCmdline)
         missing = [p for p in cmdline_present if p not in cmdline]
         stale = [p for p in cmdline_absent if p in cmdline]
         if missing or stale:
