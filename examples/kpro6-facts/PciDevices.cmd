@@ -1,8 +1,1 @@
-for d in /sys/bus/pci/devices/*; do
-  printf "bdf=%s path=%s" "${d##*/}" "$(readlink -f "$d")"
-  for a in vendor device class subsystem_vendor subsystem_device numa_node driver_override; do
-    v=$(cat "$d/$a" 2>/dev/null); printf " %s=%s" "$a" "${v:--}"
-  done
-  drv=$(readlink "$d/driver" 2>/dev/null); grp=$(readlink "$d/iommu_group" 2>/dev/null)
-  printf " driver=%s iommu_group=%s\n" "${drv##*/}" "${grp##*/}"
-done
+find /sys/bus/pci/devices/ -mindepth 1 -maxdepth 1 -printf 'dev %f %l\n'; find /sys/bus/pci/devices/*/ -maxdepth 1 \( -name driver -o -name iommu_group \) -printf 'link %h %f %l\n'; grep -H '' /sys/bus/pci/devices/*/vendor /sys/bus/pci/devices/*/device /sys/bus/pci/devices/*/class /sys/bus/pci/devices/*/subsystem_vendor /sys/bus/pci/devices/*/subsystem_device /sys/bus/pci/devices/*/numa_node /sys/bus/pci/devices/*/driver_override 2>/dev/null; true
