@@ -39,6 +39,29 @@ def debian_headers(root: Path) -> Path | None:
     return max(found, key=lambda d: d.name) if found else None
 
 
+STAMPED = ("Makefile", "include/generated/utsrelease.h", "include/config/kernel.release")
+
+
+def _link_tree(src: Path, dest: Path, target: str, real: tuple[str, ...], rel: str = "") -> None:
+    """dest mirrors src with absolute symlinks (to ``target``, src's path as the twin sees it),
+    except the ``real`` files (copied) and the directories on their way (made)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for child in src.iterdir():
+        path = f"{rel}{child.name}"
+        if path in real:
+            shutil.copy2(child, dest / child.name, follow_symlinks=False)
+        elif (
+            any(r.startswith(path + "/") for r in real)
+            and child.is_dir()
+            and not child.is_symlink()
+        ):
+            _link_tree(child, dest / child.name, f"{target}/{child.name}", real, path + "/")
+        elif child.is_symlink() and not os.readlink(child).startswith("/"):
+            (dest / child.name).symlink_to(os.readlink(child))  # relative links keep their meaning
+        else:
+            (dest / child.name).symlink_to(f"{target}/{child.name}")
+
+
 def stamp_headers(src_root: Path, kver: str, dest_root: Path) -> Path:
     """Copy Debian's arch headers to dest_root/usr/src/linux-headers-<kver> named as <kver>.
 
@@ -51,7 +74,9 @@ def stamp_headers(src_root: Path, kver: str, dest_root: Path) -> Path:
     dest = dest_root / f"usr/src/linux-headers-{kver}"
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(src, dest, symlinks=True)
+    # A symlink farm, not a copy: only the files that carry the release are real, so stamping
+    # takes milliseconds instead of copying ~6,500 files per kernel per twin.
+    _link_tree(src, dest, "/" + str(src.relative_to(src_root)), STAMPED)
     old = src.name.removeprefix("linux-headers-")
     for rel in ("Makefile", "include/generated/utsrelease.h"):
         f = dest / rel

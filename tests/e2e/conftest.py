@@ -16,7 +16,6 @@ from twin.pytest_plugin import TwinHandle, twin_fleet  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
-DRIVER = "580.95.05"
 # Files a deploy may touch; /proc, /sys, /dev and /run are the twin's live state, not files.
 WATCHED = ("etc", "boot", "var/lib", "root", "usr/local", "lib/modules", "lib/firmware")
 
@@ -82,13 +81,13 @@ def modules(tmp_path_factory: pytest.TempPathFactory) -> ModuleCache:
     return ModuleCache(tmp_path_factory.mktemp("ko"))
 
 
-def with_driver(twin: TwinHandle, modules: ModuleCache) -> str:
+def with_driver(twin: TwinHandle, modules: ModuleCache, version: str) -> str:
     """Give a twin an installed NVIDIA driver (real .ko files for its kernel) and boot it.
 
     This stands for a host whose driver was installed earlier; the driver deploy will do it.
     """
     kver = twin.run("uname -r")[1].strip()
-    modules.install(twin.root, kver, version=DRIVER)
+    modules.install(twin.root, kver, version=version)
     twin.reboot()
     return kver
 

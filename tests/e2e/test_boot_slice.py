@@ -12,28 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import DRIVER, deploy, inventory, manifest, with_driver
+from gpuhost.inventory import load_inventory
+from tests.e2e.conftest import ROOT, deploy, inventory, manifest, with_driver
 
 pytestmark = pytest.mark.twin
 
-KPRO6 = {
-    "kernel": {"version": "6.14.8-2-bpo12-pve"},
-    "driver": {"version": DRIVER},
-    "boot": {"pci_realloc": True},
-    "guests": [
-        {
-            "kind": "vm",
-            "vmid": 129,
-            "name": "vm129",
-            "machine": "q35",
-            "gpus": ["0000:c1:00.0", "0000:e1:00.0"],
-        },
-        {"kind": "lxc", "ctid": 200, "name": "ct200", "gpus": "rest"},
-    ],
-}
+# The shipped inventory's spec: the twin of kpro6 gets exactly what the real host would.
+KPRO6 = load_inventory(ROOT / "inventory" / "kpro6.py")["kpro6"][0].model_dump(mode="json")
 LUMPED = {
     "kernel": {"version": "6.8.12-9-pve"},
-    "driver": {"version": DRIVER},
+    "driver": {"version": "580.95.05"},
     "boot": {"acs_override": "downstream,multifunction"},
     "guests": [{"kind": "lxc", "ctid": 300, "name": "ct300", "gpus": "rest"}],
 }
@@ -60,9 +48,10 @@ def test_boot_parameters_and_module_options_converge(
 ) -> None:
     spec, user_file, user_edit, planned = CASES[profile]
     twin = fresh(profile)
-    with_driver(twin, modules)
+    version = spec["driver"]["version"]
+    with_driver(twin, modules, version)
     host = twin.host
-    assert host.file("/proc/driver/nvidia/version").contains("580.95.05")
+    assert host.file("/proc/driver/nvidia/version").contains(version)
     uvm = host.file("/sys/module/nvidia_uvm/parameters/uvm_disable_hmm")
     assert not uvm.exists or uvm.content_string.strip() == "N"  # nothing loads nvidia_uvm yet
     rc, _, err = twin.run(f"sed -i '{user_edit}' {user_file}")  # the operator's own parameter
