@@ -76,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ssh config:  {node.ssh_config()}")
         for t in node.list_twins():
             print(f"host:        {t.name} {t.address}:22")
+            if (t.dir / "api-token").exists():
+                print(
+                    f"  Proxmox API https://{t.address}:8006/api2/json, token in {t.dir / 'api-token'},"
+                )
+                print(f"  CA {t.root / 'etc/pve/local/pve-ssl.pem'}")
         print(f"\n# OpenSSH:   ssh -F {node.ssh_config()} root@<address>")
         print(f"# testinfra: pytest --hosts=ssh://root@<address> --ssh-config={node.ssh_config()}")
         print(

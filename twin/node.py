@@ -206,6 +206,13 @@ def create(twin: Twin) -> None:
         profile = load_profile(twin.profile)
         hardware.install(twin.root, profile)
         pve.install(twin.root, profile)
+        from twin.pve import api
+
+        # An API token for proxmoxer; the secret is kept outside the twin, readable by root only.
+        secret = api.create_token(twin.root, "root@pam", "gpuhost")
+        token = twin.dir / "api-token"
+        token.touch(mode=0o600)
+        token.write_text(f"root@pam!gpuhost={secret}\n")
 
 
 def _sshd_config(twin: Twin) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 from twin import guests, node
 
 RUN = "run/gpuhost-twin"
+API_PORT = 8006
 
 
 class Supervisor:
@@ -37,6 +38,7 @@ class Supervisor:
         self.requests = self.root / RUN / "requests"
         self.profile: Any = node.load_profile(self.twin.profile) if self.twin.profile else None
         self.sshd: subprocess.Popen[bytes] | None = None
+        self.api: Any = None  # the Proxmox API server (https, port 8006) of a profiled twin
         self.booted = time.monotonic()
         self.uptime_offset = 0.0
         self.lock = threading.Lock()  # uptime writes vs. a boot resetting the clock
@@ -83,6 +85,11 @@ class Supervisor:
         if bricked:
             return
         self.start_sshd()
+        if self.profile is not None:
+            from twin.pve import api
+
+            # pveproxy: https on the twin's address, API tokens from /etc/pve/priv/token.cfg
+            self.api, _ = api.serve_in_thread(self.root, self.twin.address, API_PORT)
         guests.start_onboot(self.twin)
 
     def start_sshd(self) -> None:
@@ -101,6 +108,10 @@ class Supervisor:
     def halt(self) -> None:
         """What a power cycle takes away: guests, every session and sshd."""
         guests.stop_all(self.twin.dir)
+        if self.api is not None:
+            self.api.shutdown()
+            self.api.server_close()
+            self.api = None
         if self.sshd is not None:
             # sshd's per-connection monitors run outside the chroot in sessions of their own:
             # kill them too, or an open SSH session would survive the "power cycle".

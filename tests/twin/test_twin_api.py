@@ -1,0 +1,45 @@
+"""Every profiled twin serves the Proxmox API (https :8006, API tokens) over its /etc/pve files."""
+
+from __future__ import annotations
+
+import pytest
+from proxmoxer import ProxmoxAPI
+from proxmoxer.core import ResourceException
+
+from twin.pytest_plugin import TwinHandle
+
+pytestmark = pytest.mark.twin
+twin_profile = "kpro6"
+
+
+def client(twin: TwinHandle, secret: str | None = None) -> ProxmoxAPI:
+    user_token, real_secret = (twin.twin.dir / "api-token").read_text().strip().split("=", 1)
+    user, token = user_token.split("!")
+    return ProxmoxAPI(
+        twin.address,
+        port=8006,
+        user=user,
+        token_name=token,
+        token_value=secret or real_secret,
+        verify_ssl=str(twin.root / "etc/pve/local/pve-ssl.pem"),  # the twin's own certificate
+    )
+
+
+def test_api_reads_what_pct_writes_and_survives_a_reboot(twin: TwinHandle) -> None:
+    api = client(twin)
+    (node,) = api.nodes.get()
+    assert node["node"] == twin.name  # the node is named after the host, like Proxmox
+    rc, _, err = twin.run(
+        "mkdir -p /etc/pve/lxc && printf 'arch: amd64\\nhostname: ct200\\nostype: debian\\n' >/etc/pve/lxc/200.conf"
+        " && pct set 200 -dev0 /dev/null,gid=44"  # pct checks the node exists
+    )
+    assert rc == 0, err
+    config = api.nodes(twin.name).lxc(200).config.get()
+    assert config["dev0"] == "/dev/null,gid=44" and "digest" in config
+    twin.reboot()
+    assert client(twin).nodes(twin.name).lxc(200).config.get()["dev0"] == "/dev/null,gid=44"
+
+
+def test_api_refuses_a_wrong_token(twin: TwinHandle) -> None:
+    with pytest.raises(ResourceException, match="401"):
+        client(twin, secret="00000000-0000-0000-0000-000000000000").nodes.get()
