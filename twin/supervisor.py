@@ -84,12 +84,13 @@ class Supervisor:
             self.write_uptime()
         if bricked:
             return
-        self.start_sshd()
         if self.profile is not None:
             from twin.pve import api
 
-            # pveproxy: https on the twin's address, API tokens from /etc/pve/priv/token.cfg
+            # pveproxy: https on the twin's address, API tokens from /etc/pve/priv/token.cfg.
+            # Up before sshd, so a twin that answers SSH answers the API too.
             self.api, _ = api.serve_in_thread(self.root, self.twin.address, API_PORT)
+        self.start_sshd()
         guests.start_onboot(self.twin)
 
     def start_sshd(self) -> None:
