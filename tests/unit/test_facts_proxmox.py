@@ -2,7 +2,7 @@ import pytest
 
 from facts._parse import UnparsedOutput
 from facts.proxmox import parse_boot_tool_status, parse_kernel_list, parse_pve_configs
-from tests.unit.conftest import proxmox
+from tests.unit.conftest import FIXTURES, proxmox
 
 
 def test_boot_tool_systemd_boot() -> None:
@@ -76,3 +76,27 @@ def test_guest_configs_reject_garbage() -> None:
     # raw lxc.* keys belong to containers only
     with pytest.raises(UnparsedOutput):
         parse_pve_configs(["==> /etc/pve/qemu-server/100.conf <==", "lxc.mount.entry: x"])
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("pve-container-commit-101.conf", "lxc"),
+        ("pve-container-delete-203.conf", "lxc"),
+        ("qemu-server-q35-linux-hostpci.conf", "qemu"),
+        ("lxc-gpu-200.conf", "lxc"),
+    ],
+)
+def test_guest_configs_from_proxmox_test_suites(name: str, kind: str) -> None:
+    """Configs copied verbatim from pve-container's and qemu-server's own test files."""
+    lines = (FIXTURES / "proxmox" / "configs" / name).read_text().splitlines()
+    config = parse_pve_configs(
+        [f"==> /etc/pve/{'lxc' if kind == 'lxc' else 'qemu-server'}/100.conf <==", *lines]
+    )
+    guest = config[(kind, 100)]
+    assert guest.current.options  # every line was understood (unknown ones raise)
+    if name.startswith("qemu-server"):
+        assert guest.current.options["machine"] == "q35"
+        assert guest.current.options["hostpci4"] == "d0:17.0,pcie=1,rombar=0"
+    if name == "pve-container-commit-101.conf":
+        assert guest.snapshots["test"].description == ["test comment"]
