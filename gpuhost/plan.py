@@ -154,13 +154,31 @@ def _assign(spec: HostSpec, gpus: list[PciDevice], problems: list[str]) -> dict[
 
 
 def _check_iommu_groups(
-    facts: HostFacts, owners: dict[str, Owner], gpus: list[PciDevice], problems: list[str]
-) -> None:
-    """A VM's GPU must take its whole IOMMU group: no other owner, no stray device in it."""
+    spec: HostSpec,
+    facts: HostFacts,
+    owners: dict[str, Owner],
+    gpus: list[PciDevice],
+    problems: list[str],
+) -> list[str]:
+    """A VM's GPU must take its whole IOMMU group: no other owner, no stray device in it.
+
+    Groups are read from the running kernel. Where they will change at the next boot (the IOMMU
+    is off now, or the planned ACS override is not active yet) the check cannot be made yet: it
+    becomes a note, and the plan made after that boot (before any GPU is rebound) makes it.
+    """
+    vm_gpus = [g for g in gpus if owners.get(g.bdf, HOST).kind == "vm"]
+    if vm_gpus and not facts.iommu_groups:
+        return [
+            "IOMMU groups are not visible (the IOMMU is off in the running kernel); the VM "
+            "GPUs' isolation is checked after the reboot that turns it on"
+        ]
+    acs = spec.boot.acs_override
+    pending = bool(acs) and f"pcie_acs_override={acs}" not in facts.cmdline
+    found: list[str] = []
     gpu_slots = {_slot(g.bdf): owners.get(g.bdf, HOST) for g in gpus}
-    for gpu in gpus:
-        owner = owners.get(gpu.bdf, HOST)
-        if owner.kind != "vm" or gpu.iommu_group is None:
+    for gpu in vm_gpus:
+        owner = owners[gpu.bdf]
+        if gpu.iommu_group is None:
             continue
         reported = {_slot(gpu.bdf)}
         for member in facts.iommu_groups.get(gpu.iommu_group, []):
@@ -172,17 +190,24 @@ def _check_iommu_groups(
             if other == owner:
                 continue  # another function or GPU of the same owner
             if other is not None:
-                problems.append(
+                found.append(
                     f"IOMMU group {gpu.iommu_group} is split: {gpu.bdf} goes to {owner} but {member} "
                     f"goes to {other}; every device of a group must go to the same VM "
                     "(give both to one VM, or split the group with boot.acs_override)"
                 )
             else:
-                problems.append(
+                found.append(
                     f"IOMMU group {gpu.iommu_group} of {gpu.bdf} ({owner}) also holds "
                     f"{_describe(dev)}, which is not assigned with it; set boot.acs_override to "
                     "split the group, or keep this GPU on the host"
                 )
+    if pending:
+        return [
+            f"{f.split(';')[0]}; pcie_acs_override={acs} is not active yet: checked again after the reboot"
+            for f in found
+        ]
+    problems.extend(found)
+    return []
 
 
 def _check_vms(
@@ -296,7 +321,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts) -> Plan:
     if wanted > len(gpus):
         problems.append(f"the guests ask for {wanted} GPUs but this host has {len(gpus)}")
     owners = _assign(spec, gpus, problems)
-    _check_iommu_groups(facts, owners, gpus, problems)
+    notes += _check_iommu_groups(spec, facts, owners, gpus, problems)
     notes += _check_vms(spec, facts, owners, problems)
     if not spec.driver.open:
         blackwell = [g.bdf for g in gpus if needs_open_modules(g.device)]

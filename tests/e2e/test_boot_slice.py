@@ -8,12 +8,13 @@ a parameter the user added by hand survives.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpuhost.inventory import load_inventory
-from tests.e2e.conftest import ROOT, deploy, inventory, manifest, with_driver
+from tests.e2e.conftest import PYINFRA, ROOT, deploy, inventory, manifest, with_driver
 
 pytestmark = pytest.mark.twin
 
@@ -113,3 +114,71 @@ def test_refused_plan_changes_nothing(fresh, tmp_path: Path) -> None:
         and "0000:42:00.0 is not an NVIDIA GPU" in run.output
     )
     assert manifest(twin.root) == before
+
+
+def test_plan_command_reads_the_live_host(fresh, tmp_path: Path) -> None:
+    """`gpuhost plan` without --facts: one SSH round trip to the twin, the table, nothing changed."""
+    twin = fresh("lumped")
+    before = manifest(twin.root)
+    run = subprocess.run(
+        [
+            str(PYINFRA.parent / "gpuhost"),
+            "plan",
+            str(inventory(tmp_path / "inv.py", twin, LUMPED)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert f"GPU plan for {twin.name}" in run.stdout
+    assert "boot loader: grub" in run.stdout
+    assert "+intel_iommu=on +pcie_acs_override=downstream,multifunction" in run.stdout
+    assert manifest(twin.root) == before
+
+
+def test_acs_override_splits_a_lumped_group_for_a_vm(fresh, modules, tmp_path: Path) -> None:
+    """The lumped board: GPU 0000:19:00.0 shares an IOMMU group with a switch and a NIC.
+
+    Without the ACS override, the plan made after the IOMMU comes on refuses to give that GPU to
+    a VM; with it, the next boot splits the group and the same split is planned."""
+    twin = fresh("lumped")
+    with_driver(twin, modules, LUMPED["driver"]["version"])
+    guests = [
+        {"kind": "vm", "vmid": 140, "name": "vm140", "machine": "q35", "gpus": ["0000:19:00.0"]},
+        {"kind": "lxc", "ctid": 300, "name": "ct300", "gpus": "rest"},
+    ]
+    plain = {**LUMPED, "boot": {}, "guests": guests}
+    inv = inventory(tmp_path / "plain.py", twin, plain)
+    first = deploy(inv)  # the IOMMU is off: groups unknown, so only a note; turns it on
+    assert first.rc == 0 and first.reboots == 1, first.output
+    assert "IOMMU groups are not visible" in first.output
+    gpuhost = [str(PYINFRA.parent / "gpuhost"), "plan"]
+    refused = subprocess.run(
+        [*gpuhost, str(inv)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2
+    assert (
+        "IOMMU group 21 of 0000:19:00.0 (vm 140 (vm140)) also holds 0000:1a:00.0" in refused.stderr
+    )
+
+    split = inventory(tmp_path / "split.py", twin, {**plain, "boot": LUMPED["boot"]})
+    second = deploy(split)
+    assert second.rc == 0 and second.reboots == 1, second.output
+    # still lumped now, so the check waits for the boot that activates the override
+    assert "pcie_acs_override=downstream,multifunction is not active yet" in second.output
+    planned = subprocess.run(
+        [*gpuhost, str(split)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert planned.returncode == 0, planned.stderr
+    row = next(line for line in planned.stdout.splitlines() if line.startswith("0    0000:19:00.0"))
+    assert row.split()[-7:] == [
+        "24",
+        "nvidia",
+        "->",
+        "vfio-pci",
+        "vm",
+        "140",
+        "(vm140)",
+    ]  # own group

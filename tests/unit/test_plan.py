@@ -298,3 +298,34 @@ def test_iommu_passthrough_is_auto_and_refused_for_blackwell_on_the_host() -> No
     vm_all = host(KPRO6, vm(129, "rest"), boot={"iommu_passthrough": True})
     assert make_plan("kpro6", vm_all, kpro6()).iommu_passthrough
     assert "iommu=pt" in make_plan("kpro6", host(KPRO6, vm(129, "rest")), kpro6()).cmdline_add
+
+
+def test_group_check_waits_for_a_pending_acs_override() -> None:
+    spec = host(KPRO6, vm(129, ["0000:c1:00.0"]), boot={"acs_override": "downstream,multifunction"})
+    plan = make_plan("kpro6", spec, kpro6(lumped=True))  # the override is not on the cmdline yet
+    assert "+pcie_acs_override=downstream,multifunction" in " ".join(
+        f"+{p}" for p in plan.cmdline_add
+    )
+    assert any(
+        n.startswith(
+            "IOMMU group 100 is split: 0000:c1:00.0 goes to vm 129 (vm129) but 0000:e1:00.0 goes to host"
+        )
+        and n.endswith("is not active yet: checked again after the reboot")
+        for n in plan.notes
+    ), plan.notes
+    # once the override is active and the group is still lumped, the plan is refused
+    raw = kpro6_raw(lumped=True)
+    raw["KernelCmdline"] = (
+        0,
+        ["root=/dev/sda1 amd_iommu=on pcie_acs_override=downstream,multifunction"],
+    )
+    assert any("IOMMU group 100 is split" in p for p in refused(spec, kpro6(lumped=True, **raw)))
+
+
+def test_group_check_waits_for_the_iommu_to_be_on() -> None:
+    raw = kpro6_raw()
+    raw["IommuGroups"] = (0, [])
+    raw["PciDevices"] = (0, [line for line in raw["PciDevices"][1] if " iommu_group " not in line])
+    plan = make_plan("kpro6", host(KPRO6, vm(129, [7])), kpro6(**raw))
+    assert plan.gpus[7].iommu_group is None
+    assert any("IOMMU groups are not visible" in n for n in plan.notes)
