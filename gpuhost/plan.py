@@ -267,9 +267,12 @@ def plan_cmdline(
         # pci=realloc is ours to add or remove; pci=realloc=off only conflicts when we want it on
         return param == "pci=realloc" or (boot.pci_realloc and param.startswith("pci=realloc"))
 
-    remove = [p for p in running if managed(p) and p not in wanted]
-    add = [p for p in wanted if p not in running]
-    expected = [p for p in running if p not in remove] + add
+    # Everything after "--" is for init, not the kernel: manage and add only before it.
+    cut = running.index("--") if "--" in running else len(running)
+    kernel, init = running[:cut], running[cut:]
+    remove = [p for p in kernel if managed(p) and p not in wanted]
+    add = [p for p in wanted if p not in kernel]
+    expected = [p for p in kernel if p not in remove] + add + init
     return add, remove, expected
 
 

@@ -329,3 +329,10 @@ def test_group_check_waits_for_the_iommu_to_be_on() -> None:
     plan = make_plan("kpro6", host(KPRO6, vm(129, [7])), kpro6(**raw))
     assert plan.gpus[7].iommu_group is None
     assert any("IOMMU groups are not visible" in n for n in plan.notes)
+
+
+def test_cmdline_parameters_go_before_the_init_arguments() -> None:
+    running = ["root=/dev/vda", "iommu=pt", "--", "--firecracker-init", "iommu=pt"]
+    add, remove, expected = plan_cmdline(host(KPRO6), "intel", running, False)
+    assert (add, remove) == (["intel_iommu=on"], ["iommu=pt"])
+    assert expected == ["root=/dev/vda", "intel_iommu=on", "--", "--firecracker-init", "iommu=pt"]
