@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra.api import FactBase
+from pyinfra.api.exceptions import PyinfraError
 
 from facts.files import BootId, ConfigFiles
 from facts.kernel import (
@@ -44,7 +45,8 @@ from facts.proxmox import (
     GuestConfig,
     PveGuestConfigs,
 )
-from facts.snapshot import MISSING_TOOL
+from facts.snapshot import MISSING_TOOL, Combined
+from gpuhost.inventory import SPEC_KEY, load_inventory
 
 # key -> (fact class, fact arguments). The key names the snapshot files.
 FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
@@ -198,3 +200,35 @@ def capture_script() -> str:
         else:
             lines.append(run)
     return "\n".join(lines) + "\n"
+
+
+def gather(hosts: list[tuple[str, dict]]) -> dict[str, dict[str, tuple[int, list[str]]]]:
+    """Run every fact command on these (name, pyinfra host data) hosts, one round trip each."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all, disconnect_all
+
+    # Built here rather than with pyinfra_cli, which monkey-patches the whole process (gevent).
+    state = State(Inventory((hosts, {})), Config())
+    connect_all(state)
+    try:
+        raw: dict[str, dict[str, tuple[int, list[str]]]] = {}
+        for host in state.inventory.iter_activated_hosts():
+            raw[host.name] = host.get_fact(Combined, **combined_args())
+        missing = [name for name, _ in hosts if name not in raw]
+        if missing:
+            raise PyinfraError(f"could not connect to {', '.join(missing)}")
+        return raw
+    finally:
+        disconnect_all(state)
+
+
+def gather_live(
+    inventory: str, limit: str | None = None
+) -> dict[str, dict[str, tuple[int, list[str]]]]:
+    """Facts of an inventory file's hosts (or of pyinfra host names such as @local)."""
+    if Path(inventory).is_file():
+        entries = load_inventory(inventory).items()
+        hosts = [(name, {**data, SPEC_KEY: spec}) for name, (spec, data) in entries]
+    else:
+        hosts = [(name, {}) for name in inventory.split(",")]
+    return gather([h for h in hosts if not limit or h[0] == limit])
