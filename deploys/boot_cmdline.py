@@ -61,16 +61,27 @@ def grub_defaults(ctx: Context, current: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def refresh_command(ctx: Context) -> str:
+    """What writes the new command line into the boot loader.
+
+    systemd-boot ESPs and GRUB on proxmox-boot-tool-managed ESPs are synced by
+    `proxmox-boot-tool refresh` (it runs update-grub too); a plain GRUB host by update-grub.
+    """
+    tool = ctx.facts.boot_tool
+    return "proxmox-boot-tool refresh" if tool is not None and tool.configured else "update-grub"
+
+
 @deploy("Kernel command line")
 def configure(ctx: Context) -> None:
     if ctx.plan.loader == "systemd-boot":
-        path, refresh = KERNEL_CMDLINE, "proxmox-boot-tool refresh"
+        path = KERNEL_CMDLINE
         content = systemd_boot_cmdline(ctx, ctx.files.get(path))
     else:
-        path, refresh = DEFAULT_GRUB, "update-grub"
+        path = DEFAULT_GRUB
         content = grub_defaults(ctx, ctx.files.get(path))
     managed_file(
         name=f"Kernel parameters in {path}", path=path, content=content, current=ctx.files.get(path)
     )
     if content != ctx.files.get(path):
+        refresh = refresh_command(ctx)
         server.shell(name=f"Write the boot loader configuration ({refresh})", commands=[refresh])

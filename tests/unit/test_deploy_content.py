@@ -7,8 +7,10 @@ from pyinfra.api.exceptions import DeployError
 
 from deploys import boot_cmdline, modules, reboot
 from deploys.context import Context
+from facts.proxmox import parse_boot_tool_status
 from gpuhost.plan import make_plan
 from gpuhost.spec import HostSpec
+from tests.unit.conftest import proxmox
 from tests.unit.hosts import kpro6
 
 SPEC = {"kernel": {"version": "6.8.12-9-pve"}, "driver": {"version": "580.95.05"}}
@@ -94,4 +96,22 @@ def test_reboot_reasons_are_the_ones_this_deploy_resolves() -> None:
     )
     assert "module blacklist / boot-time modules changed (initramfs)" not in reboot.reasons(
         converged
+    )
+
+
+def test_boot_loader_refresh_follows_proxmox_boot_tool() -> None:
+    ctx = context({})  # kpro6: ESPs managed by proxmox-boot-tool (uefi)
+    assert boot_cmdline.refresh_command(ctx) == "proxmox-boot-tool refresh"
+    grub_esp = parse_boot_tool_status(proxmox("boot-tool-status-grub-esp.out"))
+    assert grub_esp.loader == "grub"
+    esp_ctx = replace(ctx, facts=replace(ctx.facts, boot_tool=grub_esp))
+    assert boot_cmdline.refresh_command(esp_ctx) == "proxmox-boot-tool refresh"  # GRUB on ESPs
+    plain = parse_boot_tool_status(proxmox("boot-tool-status-unconfigured.out"))
+    assert (
+        boot_cmdline.refresh_command(replace(ctx, facts=replace(ctx.facts, boot_tool=plain)))
+        == "update-grub"
+    )
+    assert (
+        boot_cmdline.refresh_command(replace(ctx, facts=replace(ctx.facts, boot_tool=None)))
+        == "update-grub"
     )
