@@ -1,0 +1,45 @@
+"""The README's main command: `gpuhost twin` starts a kpro6 twin and provisions it, twice."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.e2e.conftest import PYINFRA, ROOT
+from twin import node
+from twin.pytest_plugin import require_twins
+
+pytestmark = pytest.mark.twin
+
+
+def gpuhost_twin(*args: str) -> tuple[int, str]:
+    run = subprocess.run(
+        [str(PYINFRA.parent / "gpuhost"), "twin", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return run.returncode, run.stdout + run.stderr
+
+
+def test_gpuhost_twin_provisions_a_fresh_twin_then_changes_nothing() -> None:
+    require_twins()
+    if [t for t in node.list_twins() if t.index < node.FIRST_TEST_INDEX]:
+        pytest.skip("a developer's twins are running; this test starts and stops its own twin1")
+    try:
+        rc, dry = gpuhost_twin("--dry")
+        assert rc == 0, dry
+        assert "starting a kpro6 twin" in dry and "Detected changes" in dry
+        rc, first = gpuhost_twin()
+        assert rc == 0, first
+        assert first.count("kernel command line confirmed") == 1
+        rc, again = gpuhost_twin()
+        assert rc == 0 and "no reboot needed" in again
+        assert "kernel command line confirmed" not in again
+        (twin,) = node.list_twins()
+        uvm = twin.root / "sys/module/nvidia_uvm/parameters/uvm_disable_hmm"
+        assert uvm.read_text().strip() == "Y"
+    finally:
+        node.stop_all()
