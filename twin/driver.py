@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from twin import node
-from twin.hwtesting import ModuleCache
+from twin.modbuild import ModuleCache
 
 
 def ssh(twin: node.Twin, command: str) -> str:

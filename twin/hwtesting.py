@@ -5,7 +5,6 @@ Everything works on a plain temp dir (no chroot, no SSH): shims run with TWIN_RO
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -14,10 +13,11 @@ import sys
 from pathlib import Path
 
 from twin import boot, hardware, modbuild
+from twin.modbuild import ModuleCache  # noqa: F401  (tests build modules through it)
 from twin.profile import Profile, load_profile
 
 CAPTURES = Path(__file__).resolve().parent.parent / "tests/fixtures/captures"
-DRIVER = "580.159.04"  # the captured driver
+DRIVER = modbuild.CAPTURED_DRIVER
 
 
 def missing_build_tools(compilers: tuple[str, ...] = ("gcc-12",)) -> str | None:
@@ -28,62 +28,6 @@ def missing_build_tools(compilers: tuple[str, ...] = ("gcc-12",)) -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} not installed (see twin/APT_PACKAGES_HW)"
     return None
-
-
-class ModuleCache:
-    """Real .ko files built once per (kernel, compiler, version, license, name) into a directory.
-
-    Without a workdir they go to $GPUHOST_TWIN_CACHE/kmods (default /var/cache/gpuhost-twin),
-    keyed by the Debian headers and the module source, so a machine builds each one once.
-    """
-
-    def __init__(self, workdir: Path | None = None) -> None:
-        if workdir is None:
-            headers = modbuild.debian_headers(Path("/"))
-            recipe = hashlib.sha256(
-                f"{headers}{modbuild.MODULE_C}{modbuild.GCC11_OVERRIDES}".encode()
-            ).hexdigest()[:12]
-            base = Path(os.environ.get("GPUHOST_TWIN_CACHE", "/var/cache/gpuhost-twin"))
-            workdir = base / "kmods" / recipe
-        self.workdir = workdir
-        self.headers: dict[str, Path] = {}
-
-    def ko(
-        self,
-        name: str,
-        kver: str,
-        version: str = DRIVER,
-        cc: str = "gcc-12",
-        license: str = "Dual MIT/GPL",
-    ) -> Path:
-        key = f"{kver}/{cc}/{version}/{license.replace(' ', '_').replace('/', '_')}"
-        done = self.workdir / "ko" / key / f"{name}.ko"
-        if done.exists():
-            return done
-        if kver not in self.headers:
-            self.headers[kver] = modbuild.stamp_headers(
-                Path("/"), kver, self.workdir / "hdr" / kver
-            )
-        built = modbuild.build_module(
-            self.headers[kver], name, version, self.workdir / "build" / key, cc=cc, license=license
-        )
-        done.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(built, done.with_suffix(".tmp"))
-        os.replace(done.with_suffix(".tmp"), done)  # concurrent runs never see half a file
-        shutil.rmtree(self.workdir / "build" / key, ignore_errors=True)
-        return done
-
-    def install(
-        self,
-        root: Path,
-        kver: str,
-        names: tuple[str, ...] = ("nvidia", "nvidia_uvm"),
-        firmware: bool = True,
-        **kw: str,
-    ) -> None:
-        version = kw.get("version", DRIVER)
-        kos = {n: self.ko(n, kver, **kw) for n in names}
-        modbuild.install_driver(root, kver, version, kos, firmware=firmware)
 
 
 def make_root(path: Path, profile: str | Profile) -> Path:

@@ -13,6 +13,7 @@ produces a .ko whose vermagic is "<kver> SMP preempt mod_unload modversions" (fe
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 # gcc-11 cannot take these gcc-12 flags the Debian 6.1 config turns on; dropping them changes
 # nothing the twin checks (the .comment still names gcc-11).
 GCC11_OVERRIDES = ["CONFIG_INIT_STACK_ALL_ZERO=", "CONFIG_CC_HAS_AUTO_VAR_INIT_ZERO="]
+CAPTURED_DRIVER = "580.159.04"  # the driver of the real H200 captures
 NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 GSP_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
@@ -146,3 +148,57 @@ def install_driver(
         fw.mkdir(parents=True, exist_ok=True)
         for blob in GSP_FIRMWARE:
             (fw / blob).write_bytes(b"twin GSP firmware " + version.encode() + b"\n")
+
+
+class ModuleCache:
+    """Real .ko files built once per (kernel, compiler, version, license, name) into a directory.
+
+    Without a workdir they go to $GPUHOST_TWIN_CACHE/kmods (default /var/cache/gpuhost-twin),
+    keyed by the Debian headers and the module source, so a machine builds each one once.
+    """
+
+    def __init__(self, workdir: Path | None = None) -> None:
+        if workdir is None:
+            headers = debian_headers(Path("/"))
+            recipe = hashlib.sha256(f"{headers}{MODULE_C}{GCC11_OVERRIDES}".encode()).hexdigest()[
+                :12
+            ]
+            base = Path(os.environ.get("GPUHOST_TWIN_CACHE", "/var/cache/gpuhost-twin"))
+            workdir = base / "kmods" / recipe
+        self.workdir = workdir
+        self.headers: dict[str, Path] = {}
+
+    def ko(
+        self,
+        name: str,
+        kver: str,
+        version: str = CAPTURED_DRIVER,
+        cc: str = "gcc-12",
+        license: str = "Dual MIT/GPL",
+    ) -> Path:
+        key = f"{kver}/{cc}/{version}/{license.replace(' ', '_').replace('/', '_')}"
+        done = self.workdir / "ko" / key / f"{name}.ko"
+        if done.exists():
+            return done
+        if kver not in self.headers:
+            self.headers[kver] = stamp_headers(Path("/"), kver, self.workdir / "hdr" / kver)
+        built = build_module(
+            self.headers[kver], name, version, self.workdir / "build" / key, cc=cc, license=license
+        )
+        done.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, done.with_suffix(".tmp"))
+        os.replace(done.with_suffix(".tmp"), done)  # concurrent runs never see half a file
+        shutil.rmtree(self.workdir / "build" / key, ignore_errors=True)
+        return done
+
+    def install(
+        self,
+        root: Path,
+        kver: str,
+        names: tuple[str, ...] = ("nvidia", "nvidia_uvm"),
+        firmware: bool = True,
+        **kw: str,
+    ) -> None:
+        version = kw.get("version", CAPTURED_DRIVER)
+        kos = {n: self.ko(n, kver, **kw) for n in names}
+        install_driver(root, kver, version, kos, firmware=firmware)
