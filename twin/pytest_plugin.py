@@ -35,7 +35,9 @@ SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PVE_DIRS = (
     "n=$(cat /etc/hostname); mkdir -p /etc/pve/nodes/$n/lxc; ln -sfn nodes/$n/lxc /etc/pve/lxc"
 )
-FIRST_TEST_INDEX = node.FIRST_TEST_INDEX  # test twins use 127.0.0.201 up, away from twin1..
+# Test twins use 127.0.0.201 up, away from twin1..; a second test session running at the same
+# time (another checkout) sets GPUHOST_TWIN_TEST_INDEX to a range of its own, e.g. 230.
+FIRST_TEST_INDEX = int(os.environ.get("GPUHOST_TWIN_TEST_INDEX", node.FIRST_TEST_INDEX))
 
 
 def support_problem() -> str | None:
@@ -161,15 +163,21 @@ class Fleet:
     """Starts twins for a test session and stops every one of them at the end."""
 
     def __init__(self) -> None:
-        self.next_index = FIRST_TEST_INDEX
         self.started: list[str] = []
+
+    def _first_free(self, count: int) -> int:
+        """The lowest index with ``count`` free indexes from it (stopped twins' are reused)."""
+        used = {int(name.removeprefix("twin")) for name in self.started}
+        first = FIRST_TEST_INDEX
+        while any(i in used for i in range(first, first + count)):
+            first += 1
+        if first + count > 255:
+            raise RuntimeError("out of loopback addresses for test twins")
+        return first
 
     def start(self, count: int = 1, profile: str | None = None) -> list[TwinHandle]:
         require_twins()
-        first = self.next_index
-        self.next_index += count
-        if self.next_index > 254:
-            raise RuntimeError("out of loopback addresses for test twins")
+        first = self._first_free(count)
         names = [node.twin_name(i) for i in range(first, first + count)]
         for name in names:
             node.stop(name)  # a leftover of a killed earlier run
@@ -184,6 +192,8 @@ class Fleet:
     def stop(self, handle: TwinHandle) -> None:
         handle.reconnect()
         node.stop(handle.name)
+        if handle.name in self.started:
+            self.started.remove(handle.name)
 
     def stop_all(self) -> None:
         for name in self.started:
