@@ -1,43 +1,55 @@
-"""What every concern's deploy needs: the spec, the host's state read in one round trip, the plan."""
+"""The host's state, read once per run in one round trip, and the Plan made from it.
+
+Operations read what they compare against from :func:`observed` (one batched, cached fact per
+host) instead of probing the host per item, so a converged re-run costs one remote command for
+facts. The cache holds the state as it was when the run started: at execution pyinfra runs each
+operation again, and it must decide exactly what it decided at preparation (and showed in --dry).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from pyinfra import host, logger
+from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
+from pyinfra.api.host import Host
 
 from facts.snapshot import Combined
-from gpuhost.hostfacts import DEPLOY_FACTS, HostFacts, combined_args, parse_deploy_extras, parse_raw
+from gpuhost.hostfacts import HostFacts, combined_args, parse_raw
 from gpuhost.inventory import SPEC_KEY
 from gpuhost.plan import Plan, PlanError, make_plan
 from gpuhost.render import render_plan
 from gpuhost.spec import HostSpec
 
-
-@dataclass
-class Context:
-    spec: HostSpec
-    facts: HostFacts
-    files: dict[str, str]  # managed config files as they are now
-    boot_id: str
-    plan: Plan
+SOURCE_KEY = "gpuhost_source"  # host data: the inventory file that declared the host
+_observed: dict[tuple[int, str], HostFacts] = {}
+_plans: dict[tuple[int, str], Plan] = {}
 
 
-def load() -> Context:
-    """Read the host once, plan, and print the plan. A refused plan stops before any change."""
-    spec = host.data.get(SPEC_KEY)
-    if not isinstance(spec, HostSpec):
-        raise DeployError(
-            f"{host.name}: no gpuhost spec in host data; declare the host with "
-            "gpuhost.inventory.gpu_host() in the inventory"
-        )
-    raw = host.get_fact(Combined, **combined_args(tuple(DEPLOY_FACTS)))
-    facts = parse_raw(raw)
-    files, boot_id = parse_deploy_extras(raw)
-    try:
-        plan = make_plan(host.name, spec, facts)
-    except PlanError as exc:
-        raise DeployError(str(exc)) from None
-    logger.info(f"{host.print_prefix}\n{render_plan(plan)}")
-    return Context(spec=spec, facts=facts, files=files, boot_id=boot_id, plan=plan)
+def _key(host: Host) -> tuple[int, str]:
+    return (id(host.state), host.name)
+
+
+def observed(host: Host) -> HostFacts:
+    """Everything gpuhost reads on ``host``, from one remote command, cached for the run."""
+    key = _key(host)
+    if key not in _observed:
+        _observed[key] = parse_raw(host.get_fact(Combined, **combined_args()))
+    return _observed[key]
+
+
+def plan(host: Host) -> Plan:
+    """The host's Plan (made and printed once per run). A refused plan stops before any change."""
+    key = _key(host)
+    if key not in _plans:
+        spec = host.data.get(SPEC_KEY)
+        if not isinstance(spec, HostSpec):
+            raise DeployError(
+                f"{host.name}: no gpuhost spec in host data; declare the host with "
+                "gpuhost.inventory.gpu_host() in the inventory"
+            )
+        try:
+            made = make_plan(host.name, spec, observed(host), host.data.get(SOURCE_KEY))
+        except PlanError as exc:
+            raise DeployError(str(exc)) from None
+        logger.info(f"{host.print_prefix}\n{render_plan(made)}")
+        _plans[key] = made
+    return _plans[key]

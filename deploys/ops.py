@@ -1,130 +1,145 @@
 """gpuhost's own pyinfra operations, in pyinfra's style: read state, compare, yield commands.
 
-They compare against state read once per run in one batched fact (see deploys/context.py)
-instead of probing the host per item, so a converged re-run costs one SSH round trip.
+Each reads the host's state from the run's one batched fact (:func:`deploys.context.observed`)
+and compares locally, so a converged re-run sends no per-item probes. Follow-up steps (boot
+loader refresh, initramfs, daemon-reload) are decided from what the host shows: a pending-step
+marker written before the files that need the step, removed when the step has succeeded.
 """
 
 from __future__ import annotations
 
 import base64
 import posixpath
-import time
+import shlex
 
-from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+from pyinfra import host, logger, state
+from pyinfra.api import OperationError, StringCommand, operation
 from pyinfra.api.command import QuoteString
+from pyinfra.api.util import format_text
+from pyinfra.operations.util.files import generate_color_diff
 
-from facts.files import BootId
-from facts.kernel import KernelCmdline
+from deploys.context import observed
+from gpuhost.plan import STATE_DIR, FollowUp, ManagedFile
+
+
+def _show_diff(path: str, current: str | None, wanted: str | None) -> None:
+    """Print the change the way pyinfra's own file operations do (with --diff, the default)."""
+    if not state.config.DIFF:
+        return
+    verb = "create" if current is None else "remove" if wanted is None else "modify"
+    host.log(f"Will {verb} {format_text(path, bold=True)}", logger.info)
+    before = (current or "").splitlines(keepends=True)
+    after = (wanted or "").splitlines(keepends=True)
+    for line in generate_color_diff(before, after):
+        logger.info("  %s", line)
+    logger.info("")
+
+
+def _mark(follow_ups: list[FollowUp]) -> list[str]:
+    """Shell words that record ``follow_ups`` as pending before a trigger file changes."""
+    if not follow_ups:
+        return []
+    markers = " ".join(shlex.quote(f.marker) for f in follow_ups)
+    return [f"mkdir -p {shlex.quote(STATE_DIR)} && touch {markers} &&"]
 
 
 @operation()
-def managed_file(path: str, content: str | None, current: str | None, mode: str = "644"):
+def managed_file(item: ManagedFile, follow_ups: list[FollowUp] | None = None):
     """
-    Ensure a file holds exactly ``content``, or is absent when ``content`` is None.
+    Ensure a file holds exactly ``item.content`` (or is a symlink to ``item.link``), or is
+    absent when neither is set.
 
-    + path: remote path
-    + content: wanted content (text), None to remove the file
-    + current: the file's content now, from the batched ``ConfigFiles`` fact (None: absent)
-    + mode: octal permissions of a written file
+    + item: the Plan's entry for the file
+    + follow_ups: steps this file needs after a change; recorded as pending on the host first
 
-    The file is written to a temporary name and renamed, so a crash never leaves half a file
+    Files are written to a temporary name and renamed, so a crash never leaves half a file
     behind (a truncated /etc/kernel/cmdline makes a host unbootable).
 
     **Example:**
 
     .. code:: python
 
-        managed_file(
-            name="nvidia_uvm options",
-            path="/etc/modprobe.d/gpuhost-nvidia.conf",
-            content="options nvidia_uvm uvm_disable_hmm=1\\n",
-            current=None,
-        )
+        managed_file(name="nvidia_uvm options", item=plan.files["/etc/modprobe.d/gpuhost-nvidia.conf"])
     """
-    if content == current:
-        host.noop(f"{path} is {'up to date' if content is not None else 'absent'}")
+    now = observed(host)
+    managed = now.managed
+    if managed is None:
+        raise OperationError("the managed files were not read")
+    path = item.path
+    current, link = managed.files.get(path), managed.links.get(path)
+    mark = _mark(follow_ups or [])
+    if item.link is not None:
+        if link == item.link:
+            host.noop(f"{path} links to {item.link}")
+            return
+        host.log(f"Will link {format_text(path, bold=True)} -> {item.link}", logger.info)
+        yield StringCommand(
+            *mark,
+            "mkdir -p",
+            QuoteString(posixpath.dirname(path)),
+            "&& ln -sfn",
+            QuoteString(item.link),
+            QuoteString(path),
+        )
         return
-    if content is None:
-        yield StringCommand("rm", "-f", QuoteString(path))
+    if item.content is None:
+        if current is None and link is None:
+            host.noop(f"{path} is absent")
+            return
+        _show_diff(path, current, None)
+        yield StringCommand(*mark, "rm -f", QuoteString(path))
         return
-    encoded = base64.b64encode(content.encode()).decode()
+    if current == item.content and link is None:
+        host.noop(f"{path} is up to date")
+        return
+    _show_diff(path, current, item.content)
+    encoded = base64.b64encode(item.content.encode()).decode()
     tmp = f"{path}.gpuhost-new"
     yield StringCommand(
+        *mark,
         "mkdir -p",
         QuoteString(posixpath.dirname(path)),
         "&& echo",
         encoded,
         "| base64 -d >",
         QuoteString(tmp),
-        f"&& chmod {mode}",
+        f"&& chmod {item.mode}",
         QuoteString(tmp),
-        "&& mv -f",
+        "&& mv -fT",
         QuoteString(tmp),
         QuoteString(path),
     )
 
 
-@operation(is_idempotent=False)
-def reboot_and_confirm(
-    reasons: list[str],
-    boot_id: str,
-    cmdline_present: list[str],
-    cmdline_absent: list[str],
-    delay: int = 10,
-    timeout: int = 600,
-):
-    """
-    Reboot because of ``reasons``, wait for the host, and confirm the new boot.
+def pending(step: FollowUp, files: dict[str, ManagedFile]) -> str | None:
+    """Why ``step`` must run on this host now, or None: judged from the host's state."""
+    now = observed(host)
+    assert now.managed is not None
+    if step.marker in now.managed.files:
+        return "a previous run changed its files and did not finish it"
+    changed = [
+        path
+        for path in step.triggers
+        if path in files
+        and (
+            now.managed.files.get(path) != files[path].content
+            or now.managed.links.get(path) != files[path].link
+        )
+    ]
+    return f"{', '.join(changed)} change(s)" if changed else None
 
-    + reasons: why (printed before the reboot); nothing happens when empty
-    + boot_id: the boot id before the reboot; the host is back when it reports another one
-    + cmdline_present / cmdline_absent: parameters /proc/cmdline must / must not carry after it
-    + delay, timeout: seconds before the first reconnect attempt, and overall
 
-    Unlike ``server.reboot``, which watches /proc/uptime drop (and can mistake the old boot
-    for the new one when it reconnects within a second), this waits for a new boot id.
+@operation()
+def follow_up(step: FollowUp, files: dict[str, ManagedFile]):
     """
-    if not reasons:
-        host.noop("no reboot needed")
+    Run a follow-up step (``step.command``) when the host needs it, then clear its marker.
+
+    + step: the Plan's follow-up (name, command, trigger files)
+    + files: the Plan's managed files, to see whether a trigger changes in this run
+    """
+    why = pending(step, files)
+    if why is None:
+        host.noop(f"{step.name}: nothing pending")
         return
-    for reason in reasons:
-        logger.info(f"{host.print_prefix}reboot needed: {reason}")
-    # Detached, so the SSH channel closes before the host goes down (see pyinfra #1708).
-    yield StringCommand("( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &")
-
-    def read(host, fact) -> object | None:
-        """A fact read that may meet the old boot going down: None instead of failing the host
-        (host.get_fact would mark the host failed on the dropped session)."""
-        try:
-            ok, output = host.run_shell_command(StringCommand(fact.command()), print_output=False)
-        except Exception:  # paramiko's EOFError/SSHException/socket errors as sshd goes away
-            return None
-        return fact.process(output.stdout_lines) if ok and output.stdout_lines else None
-
-    def wait_for_new_boot(state, host) -> bool:
-        time.sleep(delay)
-        deadline = time.monotonic() + timeout
-        new_id = None
-        while time.monotonic() < deadline:
-            host.disconnect()
-            host.connect(show_errors=False)
-            if host.connected:
-                new_id = read(host, BootId())
-                cmdline = read(host, KernelCmdline())
-                if new_id not in (None, boot_id) and cmdline is not None:
-                    break
-            time.sleep(1)
-        else:
-            raise OperationError(f"the host did not come back with a new boot within {timeout} s")
-        missing = [p for p in cmdline_present if p not in cmdline]
-        stale = [p for p in cmdline_absent if p in cmdline]
-        if missing or stale:
-            raise OperationError(
-                f"after the reboot /proc/cmdline lacks {missing or 'nothing'} and still has "
-                f"{stale or 'nothing'}: the boot loader did not take the new command line"
-            )
-        logger.info(f"{host.print_prefix}new boot {new_id}: kernel command line confirmed")
-        return True
-
-    yield FunctionCommand(wait_for_new_boot, (), {})
+    host.log(f"{step.command}: {why}", logger.info)
+    yield f"{step.command} && rm -f {shlex.quote(step.marker)}"

@@ -1,40 +1,159 @@
-"""Reboot only when something that needs a reboot changed, say why, and confirm the new boot."""
+"""Reboot only for what the host shows needs one, say why, confirm the new boot, never loop.
+
+The reasons come from the Plan, which reads them off the running host (the command line it
+booted with, live module parameters), so a run killed anywhere still reboots on the next one
+if the host needs it, and a converged host is never rebooted.
+
+No reboot loops: before rebooting, gpuhost records the boot id and the reasons in
+/var/lib/gpuhost/last-reboot. If a later run finds the host booted since then and would reboot
+for one of the same reasons, that reboot did not fix it, and another would not either: the run
+stops with the reason instead. A confirmed reboot removes the record.
+"""
 
 from __future__ import annotations
 
+import shlex
+import time
+
 from pyinfra import host, logger
-from pyinfra.api import deploy
+from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
+from pyinfra.api.exceptions import DeployError
 
-from deploys import modules
-from deploys.context import Context
-from deploys.ops import reboot_and_confirm
+from deploys.context import observed
+from facts.files import BootId
+from facts.kernel import KernelBuildInfo, KernelCmdline
+from gpuhost.plan import STATE_DIR, Plan
 
-# Reasons this deploy resolves by rebooting. Kernel, driver and GPU binding changes are
-# reported in the plan but not acted on until their deploys exist.
-HANDLED = ("cmdline", "modules")
+RECORD = f"{STATE_DIR}/last-reboot"
 
 
-def reasons(ctx: Context) -> list[str]:
-    found = [str(r) for r in ctx.plan.reboot_reasons if r.concern in HANDLED]
-    if modules.early_boot_changed(ctx):
-        found.append("module blacklist / boot-time modules changed (initramfs)")
-    return found
+def parse_record(text: str | None) -> tuple[str | None, list[str]]:
+    """(boot id before the recorded reboot, its reasons) from the record file."""
+    boot_id, reasons = None, []
+    for line in (text or "").splitlines():
+        key, _, value = line.partition("=")
+        if key == "boot_id":
+            boot_id = value
+        elif key == "reason":
+            reasons.append(value)
+    return boot_id, reasons
+
+
+def render_record(boot_id: str, reasons: list[str]) -> str:
+    return f"boot_id={boot_id}\n" + "".join(f"reason={r}\n" for r in reasons)
+
+
+def repeated(plan: Plan, record: str | None, boot_id: str | None) -> list[str]:
+    """Reasons the last recorded reboot was made for that this boot still shows."""
+    before, reasons = parse_record(record)
+    if before is None or before == boot_id:
+        return []  # no reboot recorded, or it was asked for and has not happened yet
+    return [str(r) for r in plan.reboot_now if str(r) in reasons]
+
+
+def _read(host, fact) -> object | None:
+    """A fact read that may meet the old boot going down: None instead of failing the host
+    (host.get_fact would mark the host failed on the dropped session)."""
+    try:
+        ok, output = host.run_shell_command(StringCommand(fact.command()), print_output=False)
+    except Exception:  # paramiko's EOFError/SSHException/socket errors as sshd goes away
+        return None
+    return fact.process(output.stdout_lines) if ok and output.stdout_lines else None
+
+
+@operation(is_idempotent=False)
+def reboot_and_confirm(plan: Plan, delay: int = 10, timeout: int = 600):
+    """
+    Reboot for the Plan's reasons, wait for the host, and confirm the new boot.
+
+    + plan: the host's Plan: reasons, the command line and kernel the new boot must show
+    + delay, timeout: seconds before the first reconnect attempt, and overall
+
+    Unlike ``server.reboot``, which watches /proc/uptime drop (and can mistake the old boot
+    for the new one when it reconnects within a second), this waits for a new boot id.
+    """
+    now = observed(host)
+    assert now.managed is not None
+    record = now.managed.files.get(RECORD)
+    reasons = [str(r) for r in plan.reboot_now]
+    if not reasons:
+        if record is not None:
+            yield StringCommand("rm -f", shlex.quote(RECORD))  # an earlier reboot did its job
+        else:
+            host.noop("no reboot needed")
+        return
+    again = repeated(plan, record, now.boot_id)
+    if again:
+        raise DeployError(
+            f"{host.name}: not rebooting again: the last reboot was made for "
+            f"{'; '.join(again)}, and the host came back without it. /proc/cmdline is now: "
+            f"{' '.join(now.cmdline)}. Check that the boot loader reads gpuhost's configuration "
+            f"({', '.join(p for p, f in plan.files.items() if f.concern == 'cmdline')}): "
+            "`proxmox-boot-tool status` / `update-grub` output, the loader's entries. When it is "
+            f"fixed, remove {RECORD} and run the deploy again."
+        )
+    logger.info(f"{host.print_prefix}rebooting now (reasons in the plan above)")
+    # Record, then reboot detached, so the SSH channel closes before the host goes down
+    # (see pyinfra #1708).
+    record_text = shlex.quote(render_record(now.boot_id or "", reasons))
+    yield (
+        f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {record_text} > {shlex.quote(RECORD)} "
+        "&& ( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &"
+    )
+
+    def wait_for_new_boot(state, host) -> bool:
+        time.sleep(delay)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            host.disconnect()
+            host.connect(show_errors=False)
+            if host.connected:
+                new_id = _read(host, BootId())
+                cmdline = _read(host, KernelCmdline())
+                kernel = _read(host, KernelBuildInfo())
+                if new_id not in (None, now.boot_id) and cmdline is not None and kernel:
+                    break
+            time.sleep(1)
+        else:
+            raise OperationError(f"the host did not come back with a new boot within {timeout} s")
+        missing = [p for p in plan.cmdline_present if p not in cmdline]
+        stale = [p for p in plan.cmdline_absent if p in cmdline]
+        if missing or stale:
+            raise OperationError(
+                f"after the reboot /proc/cmdline lacks {missing or 'nothing'} and still has "
+                f"{stale or 'nothing'}: the boot loader did not take the new command line"
+            )
+        if kernel.release != plan.running_kernel:
+            raise OperationError(
+                f"the host booted kernel {kernel.release}, not {plan.running_kernel}"
+            )
+        host.run_shell_command(StringCommand("rm -f", shlex.quote(RECORD)), print_output=False)
+        logger.info(f"{host.print_prefix}new boot {new_id}: kernel command line confirmed")
+        return True
+
+    yield FunctionCommand(wait_for_new_boot, (), {})
+
+
+@operation()
+def pin_kernel(plan: Plan):
+    """
+    Pin the running kernel before a reboot when something else would boot.
+
+    + plan: the host's Plan (``pin_running_kernel``, ``running_kernel``, ``next_boot_kernel``)
+    """
+    if not plan.pin_running_kernel or not plan.reboot_now:
+        host.noop(f"the next boot starts {plan.next_boot_kernel or 'the running kernel'}")
+        return
+    release = shlex.quote(plan.running_kernel)
+    yield f"proxmox-boot-tool kernel pin {release} && proxmox-boot-tool refresh"
 
 
 @deploy("Reboot when needed")
-def reboot_if_needed(ctx: Context) -> None:
-    found = reasons(ctx)
-    later = [str(r) for r in ctx.plan.reboot_reasons if r.concern not in HANDLED]
-    summary = "a reboot follows: " + "; ".join(found) if found else "no reboot needed"
-    if later:
-        summary += f" (left for later deploys: {'; '.join(later)})"
-    logger.info(f"{host.print_prefix}{summary}")
+def reboot_if_needed(plan: Plan) -> None:
+    pin_kernel(name="Keep the running kernel for the reboot", plan=plan)
     reboot_and_confirm(
         name="Reboot to apply boot-time changes",
-        reasons=found,
-        boot_id=ctx.boot_id,
-        cmdline_present=ctx.plan.cmdline_add,
-        cmdline_absent=ctx.plan.cmdline_remove,
+        plan=plan,
         delay=int(host.data.get("gpuhost_reboot_delay", 10)),
         timeout=int(host.data.get("gpuhost_reboot_timeout", 600)),
     )

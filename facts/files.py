@@ -1,54 +1,75 @@
-"""Contents of the configuration files gpuhost manages, read in one command."""
+"""The files gpuhost manages, read in one command: contents, symlinks, and gpuhost's own records."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
+from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 
 from facts._parse import UnparsedOutput
 
-# Every file a deploy writes or edits. Owned drop-ins are named gpuhost-*; shared files
-# (/etc/kernel/cmdline, /etc/default/grub) are edited in place, keeping the user's content.
+# Every file a deploy writes, edits or records. Owned files are named gpuhost-* or live in
+# gpuhost's directories; shared files (/etc/kernel/cmdline, /etc/default/grub and its drop-ins,
+# read to know the user's own kernel parameters) are never rewritten wholesale.
 MANAGED_PATHS = (
     "/etc/kernel/cmdline",
     "/etc/default/grub",
+    "/etc/default/grub.d/*.cfg",
+    "/etc/gpuhost/*",
     "/etc/modprobe.d/gpuhost-*.conf",
     "/etc/modules-load.d/gpuhost-*.conf",
+    "/etc/systemd/system/gpuhost-*.service",
+    "/etc/systemd/system/*.wants/gpuhost-*.service",
+    "/usr/local/lib/gpuhost/*",
+    "/var/lib/gpuhost/*",
 )
-_HEADER = re.compile(r"^==> (?P<path>/\S+) <==$")
+_LINE = re.compile(r"(?P<kind>[FL]) (?P<path>/\S+) (?P<value>\S*)")
 
 
-def parse_config_files(lines: list[str]) -> dict[str, str]:
-    files: dict[str, list[str]] = {}
-    current: list[str] | None = None
+@dataclass(frozen=True)
+class ManagedFiles:
+    files: dict[str, str] = field(default_factory=dict)  # path -> text of regular files
+    links: dict[str, str] = field(default_factory=dict)  # path -> symlink target
+
+
+def parse_managed_files(lines: list[str]) -> ManagedFiles:
+    files: dict[str, str] = {}
+    links: dict[str, str] = {}
     for line in lines:
-        header = _HEADER.match(line)
-        if header:
-            current = files.setdefault(header["path"], [])
-        elif current is None:
-            raise UnparsedOutput("config files", line, "line before any file header")
-        else:
-            current.append(line)
-    return {path: "".join(f"{line}\n" for line in body) for path, body in files.items()}
+        match = _LINE.fullmatch(line)
+        if not match:
+            raise UnparsedOutput("managed files", line)
+        if match["kind"] == "L":
+            links[match["path"]] = match["value"]
+            continue
+        try:
+            files[match["path"]] = base64.b64decode(match["value"], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise UnparsedOutput("managed files", line, f"not base64 text: {exc}") from None
+    return ManagedFiles(files, links)
 
 
-class ConfigFiles(FactBase[dict[str, str]]):
+class ConfigFiles(FactBase[ManagedFiles]):
     """
-    Returns path -> content of the files gpuhost manages that exist now (absent files are
-    missing from the dict). Content is normalised to end with one newline per line.
+    Returns the files gpuhost manages that exist now: ``files`` (path -> text, exactly as on
+    disk) and ``links`` (path -> symlink target). Absent paths are in neither. One line per
+    path: ``F <path> <base64 content>`` or ``L <path> <target>``, so any content survives.
     """
 
-    default = dict
+    default = ManagedFiles
 
     def command(self) -> str:
         return (
-            f'for f in {" ".join(MANAGED_PATHS)}; do [ -f "$f" ] || continue; '
-            'echo "==> $f <=="; cat "$f"; done'
+            f"for f in {' '.join(MANAGED_PATHS)}; do "
+            'if [ -L "$f" ]; then echo "L $f $(readlink "$f")"; '
+            'elif [ -f "$f" ]; then echo "F $f $(base64 -w0 <"$f")"; fi; done'
         )
 
-    def process(self, output: list[str]) -> dict[str, str]:
-        return parse_config_files(output)
+    def process(self, output: list[str]) -> ManagedFiles:
+        return parse_managed_files(output)
 
 
 class BootId(FactBase[str]):

@@ -156,3 +156,26 @@ class CpuVendor(FactBase[str]):
 
     def process(self, output: list[str]) -> str:
         return parse_cpu_vendor(output)
+
+
+def parse_loaded_modules(lines: list[str]) -> list[str]:
+    """Module names from /proc/modules (``name size refcount deps state address``)."""
+    names = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3 or not re.fullmatch(r"\w+", fields[0]) or not fields[1].isdigit():
+            raise UnparsedOutput("/proc/modules", line)
+        names.append(fields[0])
+    return names
+
+
+class LoadedModules(FactBase[list[str]]):
+    """Returns the names of the loaded kernel modules (``/proc/modules``), in its order."""
+
+    default = list
+
+    def command(self) -> str:
+        return "cat /proc/modules"
+
+    def process(self, output: list[str]) -> list[str]:
+        return parse_loaded_modules(output)

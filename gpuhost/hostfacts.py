@@ -17,13 +17,14 @@ from typing import Any
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import PyinfraError
 
-from facts.files import BootId, ConfigFiles
+from facts.files import BootId, ConfigFiles, ManagedFiles
 from facts.kernel import (
     CharDevices,
     CpuVendor,
     KernelBuild,
     KernelBuildInfo,
     KernelCmdline,
+    LoadedModules,
     ModuleParameters,
 )
 from facts.nvidia import (
@@ -66,7 +67,12 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "BootTool": (BootTool, {}),
     "BootKernelList": (BootKernelList, {}),
     "PveGuestConfigs": (PveGuestConfigs, {}),
+    "LoadedModules": (LoadedModules, {}),
+    "ConfigFiles": (ConfigFiles, {}),
+    "BootId": (BootId, {}),
 }
+# Keys a snapshot may lack (taken before gpuhost read them): they load as "not captured".
+OPTIONAL = ("LoadedModules", "ConfigFiles", "BootId")
 
 
 @dataclass
@@ -86,24 +92,23 @@ class HostFacts:
     boot_tool: BootToolStatus | None
     boot_kernels: BootKernels | None
     guest_configs: dict[tuple[str, int], GuestConfig] = field(default_factory=dict)
+    loaded_modules: list[str] | None = None  # None: not captured
+    managed: ManagedFiles | None = None  # the files gpuhost manages; None: not captured
+    boot_id: str | None = None
 
-
-# What a deploy reads besides the planner's facts: the managed files and the boot id.
-DEPLOY_FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
-    **FACTS,
-    "ConfigFiles": (ConfigFiles, {}),
-    "BootId": (BootId, {}),
-}
+    @property
+    def files(self) -> dict[str, str] | None:
+        return None if self.managed is None else self.managed.files
 
 
 def fact_command(key: str) -> str:
-    cls, kwargs = DEPLOY_FACTS[key]
+    cls, kwargs = FACTS[key]
     return str(cls().command(**kwargs))
 
 
 def required_tool(key: str) -> str | None:
     """The binary a fact needs (pyinfra returns the fact's default when it is absent)."""
-    cls, kwargs = DEPLOY_FACTS[key]
+    cls, kwargs = FACTS[key]
     tool = cls.requires_command
     return tool(cls(), **kwargs) if callable(tool) else tool
 
@@ -118,15 +123,13 @@ def combined_args(keys: tuple[str, ...] = tuple(FACTS)) -> dict[str, Any]:
     return {"commands": tuple((key, fact_command(key), required_tool(key)) for key in keys)}
 
 
-def parse_deploy_extras(raw: dict[str, tuple[int, list[str]]]) -> tuple[dict[str, str], str]:
-    """(managed file contents, boot id) from a combined read of DEPLOY_FACTS."""
-    return ConfigFiles().process(raw["ConfigFiles"][1]), BootId().process(raw["BootId"][1])
-
-
 def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
     """Parse raw (exit status, stdout lines) per fact key into :class:`HostFacts`."""
     value: dict[str, Any] = {}
     for key, (cls, _) in FACTS.items():
+        if key not in raw and key in OPTIONAL:
+            value[key] = None
+            continue
         status, lines = raw.get(key, (MISSING_TOOL, []))
         if status == MISSING_TOOL and required_tool(key):
             value[key] = _default(cls)
@@ -152,6 +155,9 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         boot_tool=value["BootTool"],
         boot_kernels=value["BootKernelList"],
         guest_configs=value["PveGuestConfigs"],
+        loaded_modules=value["LoadedModules"],
+        managed=value["ConfigFiles"],
+        boot_id=value["BootId"],
     )
 
 
@@ -160,6 +166,8 @@ def read_snapshot(directory: str | Path) -> dict[str, tuple[int, list[str]]]:
     raw = {}
     for key in FACTS:
         rc_file = directory / f"{key}.rc"
+        if not rc_file.exists() and key in OPTIONAL:
+            continue
         if not rc_file.exists():
             raise FileNotFoundError(f"{directory}: snapshot has no {key}.rc; capture it again")
         out = directory / f"{key}.out"

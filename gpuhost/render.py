@@ -43,6 +43,7 @@ def render_plan(plan: Plan) -> str:
     out += ["", f"boot loader: {plan.loader}"]
     changes = [f"+{p}" for p in plan.cmdline_add] + [f"-{p}" for p in plan.cmdline_remove]
     out.append(f"kernel command line: {' '.join(changes) if changes else 'no change'}")
+    out.append(f"  gpuhost's parameters: {' '.join(plan.cmdline_owned) or 'none'}")
     out.append(f"  after boot: {' '.join(plan.cmdline)}")
     for module, options in plan.module_options.items():
         out.append(f"options {module} {' '.join(f'{k}={v}' for k, v in options.items())}")
@@ -64,12 +65,21 @@ def render_plan(plan: Plan) -> str:
     for owner, env in plan.guest_env.items():
         if env:
             out.append(f"env for {owner}: {' '.join(f'{k}={v}' for k, v in sorted(env.items()))}")
+    out += ["", "managed files:"]
+    for item in plan.files.values():
+        state = f"-> {item.link}" if item.link else "present" if item.present else "absent"
+        out.append(f"  {item.path}: {state}")
     out.append("")
-    if plan.reboot_reasons:
-        out.append("a reboot will be needed:")
-        out += [f"  - {r}" for r in plan.reboot_reasons]
+    if plan.reboot_now:
+        out.append("this run reboots the host, because:")
+        out += [f"  - {r}" for r in plan.reboot_now]
+        if plan.pin_running_kernel:
+            out.append(f"  (kernel {plan.running_kernel} is pinned first)")
     else:
         out.append("no reboot needed")
+    if plan.reboot_later:
+        out.append("needs a later deploy (not applied by this one yet), then a reboot:")
+        out += [f"  - {r}" for r in plan.reboot_later]
     if plan.notes:
         out.append("notes:")
         out += [f"  - {n}" for n in plan.notes]

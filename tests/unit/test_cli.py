@@ -46,8 +46,7 @@ def test_refused_plan_exits_2_and_names_the_problem(tmp_path: Path, capsys) -> N
     assert main(["plan", str(inventory), "--facts", str(FIXTURES / "captures/h200x2/facts")]) == 2
     err = capsys.readouterr().err
     assert (
-        "gpuhost: host 'h200': the GPU plan is refused" in err
-        and "GPU index 5 does not exist" in err
+        "gpuhost: host 'h200': the plan is refused" in err and "GPU index 5 does not exist" in err
     )
 
 

@@ -1,0 +1,45 @@
+"""Module configuration and the device-node boot unit: the owned files the planner puts in the Plan.
+
+Every file here is gpuhost's own (named gpuhost-*); when a setting is off its file is planned
+absent, so turning a setting off converges back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HEADER = "# Managed by gpuhost ({}); edit the inventory, not this file.\n"
+NVIDIA_OPTIONS = "/etc/modprobe.d/gpuhost-nvidia.conf"
+BLACKLIST = "/etc/modprobe.d/gpuhost-blacklist.conf"
+NVIDIA_LOAD = "/etc/modules-load.d/gpuhost-nvidia.conf"
+VFIO_LOAD = "/etc/modules-load.d/gpuhost-vfio.conf"
+DEVICES_UNIT = "/etc/systemd/system/gpuhost-nvidia-devices.service"
+DEVICES_WANTS = "/etc/systemd/system/multi-user.target.wants/gpuhost-nvidia-devices.service"
+DEVICES_SCRIPT = "/usr/local/lib/gpuhost/nvidia-device-nodes"
+# Files that matter early in boot: the initramfs carries modprobe.d and modules-load.d, so a
+# blacklist or the vfio modules only take effect from it once it is rebuilt.
+INITRAMFS_FILES = (BLACKLIST, VFIO_LOAD)
+
+_FILES = Path(__file__).parents[1] / "files"
+
+
+def options_file(options: dict[str, dict[str, str]]) -> str | None:
+    lines = "".join(
+        f"options {module} {' '.join(f'{k}={v}' for k, v in values.items())}\n"
+        for module, values in options.items()
+    )
+    return HEADER.format("module options") + lines if lines else None
+
+
+def blacklist_file(modules: list[str]) -> str | None:
+    lines = "".join(f"blacklist {m}\noptions {m} modeset=0\n" for m in modules)
+    return HEADER.format("blacklist") + lines if lines else None
+
+
+def load_file(purpose: str, modules: list[str] | None) -> str | None:
+    return HEADER.format(purpose) + "".join(f"{m}\n" for m in modules) if modules else None
+
+
+def static_file(name: str) -> str:
+    """A file shipped in files/, verbatim."""
+    return (_FILES / name).read_text()
