@@ -25,6 +25,8 @@ from facts.kernel import (
     KernelBuildInfo,
     KernelCmdline,
     ModuleParameters,
+    SevSnp,
+    SevState,
 )
 from facts.nvidia import (
     DriverVersion,
@@ -36,7 +38,7 @@ from facts.nvidia import (
     NvidiaTopology,
     Topology,
 )
-from facts.pci import IommuGroups, PciDevice, PciDevices
+from facts.pci import IommuDomains, IommuGroups, IommuState, PciDevice, PciDevices
 from facts.proxmox import (
     BootKernelList,
     BootKernels,
@@ -66,7 +68,13 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "BootTool": (BootTool, {}),
     "BootKernelList": (BootKernelList, {}),
     "PveGuestConfigs": (PveGuestConfigs, {}),
+    "SevSnp": (SevSnp, {}),
+    "IommuDomains": (IommuDomains, {}),
 }
+
+# Facts added after snapshots were first taken: a snapshot without them still loads, with the
+# fact's default (no SEV flags, no IOMMU units or group types), as if the host had shown none.
+ADDED_LATER = frozenset({"SevSnp", "IommuDomains"})
 
 
 @dataclass
@@ -86,6 +94,8 @@ class HostFacts:
     boot_tool: BootToolStatus | None
     boot_kernels: BootKernels | None
     guest_configs: dict[tuple[str, int], GuestConfig] = field(default_factory=dict)
+    sev: SevState = field(default_factory=SevState)
+    iommu: IommuState = field(default_factory=IommuState)
 
 
 # What a deploy reads besides the planner's facts: the managed files and the boot id.
@@ -127,6 +137,9 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
     """Parse raw (exit status, stdout lines) per fact key into :class:`HostFacts`."""
     value: dict[str, Any] = {}
     for key, (cls, _) in FACTS.items():
+        if key not in raw and key in ADDED_LATER:
+            value[key] = _default(cls)
+            continue
         status, lines = raw.get(key, (MISSING_TOOL, []))
         if status == MISSING_TOOL and required_tool(key):
             value[key] = _default(cls)
@@ -152,6 +165,8 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         boot_tool=value["BootTool"],
         boot_kernels=value["BootKernelList"],
         guest_configs=value["PveGuestConfigs"],
+        sev=value["SevSnp"],
+        iommu=value["IommuDomains"],
     )
 
 
@@ -160,6 +175,8 @@ def read_snapshot(directory: str | Path) -> dict[str, tuple[int, list[str]]]:
     raw = {}
     for key in FACTS:
         rc_file = directory / f"{key}.rc"
+        if not rc_file.exists() and key in ADDED_LATER:
+            continue  # an older snapshot: parse_raw gives the fact's default
         if not rc_file.exists():
             raise FileNotFoundError(f"{directory}: snapshot has no {key}.rc; capture it again")
         out = directory / f"{key}.out"
