@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 
@@ -179,3 +179,82 @@ class LoadedModules(FactBase[list[str]]):
 
     def process(self, output: list[str]) -> list[str]:
         return parse_loaded_modules(output)
+
+
+# --- SEV / SEV-SNP --------------------------------------------------------------------------------
+
+_SEV_FLAGS = ("sme", "sev", "sev_es", "sev_snp")
+_KVM_SEV = re.compile(
+    r"^/sys/module/kvm_amd/parameters/(?P<name>sev|sev_es|sev_snp):(?P<value>.*)$"
+)
+
+
+@dataclass(frozen=True)
+class SevState:
+    """What the running kernel says about AMD memory encryption on this host.
+
+    ``cpu_flags``: the SEV flags of /proc/cpuinfo. The kernel keeps ``sev_snp`` only when the
+    firmware enabled SNP and an RMP table was found (arch/x86/kernel/cpu/amd.c,
+    bsp_determine_snp clears it otherwise), so it says "this host is an SNP host".
+    ``kvm``: kvm_amd's sev/sev_es/sev_snp parameters (absent when kvm_amd is not loaded, as on
+    Intel). KVM rewrites sev_snp to what it can actually use (arch/x86/kvm/svm/sev.c,
+    sev_hardware_setup), and the AMD IOMMU driver withdraws SNP at boot when the IOMMU is off
+    or in passthrough mode (drivers/iommu/amd/init.c, iommu_snp_enable: "SNP: IOMMU disabled or
+    configured in passthrough mode, SNP cannot be supported"); then sev_snp reads N while the
+    cpu flag stays.
+    """
+
+    cpu_flags: frozenset[str] = frozenset()
+    kvm: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def snp_host(self) -> bool:
+        """The firmware has SEV-SNP on: identity IOMMU domains cost SNP here."""
+        return "sev_snp" in self.cpu_flags
+
+    @property
+    def snp_usable(self) -> bool | None:
+        """Whether KVM can start SEV-SNP guests now; None when kvm_amd is not loaded."""
+        return self.kvm.get("sev_snp")
+
+
+def parse_sev_state(lines: list[str]) -> SevState:
+    flags: set[str] = set()
+    kvm: dict[str, bool] = {}
+    for line in lines:
+        if not line.strip():
+            continue
+        if line.startswith("cpuflag "):
+            flag = line.removeprefix("cpuflag ").strip()
+            if flag not in _SEV_FLAGS:
+                raise UnparsedOutput("SEV state", line, "unknown cpu flag")
+            flags.add(flag)
+        elif (match := _KVM_SEV.match(line)) and match["value"] in ("Y", "N", "1", "0"):
+            # bool module parameters read Y/N; some older kernels made sev an int (1/0)
+            kvm[match["name"]] = match["value"] in ("Y", "1")
+        else:
+            raise UnparsedOutput("SEV state", line)
+    return SevState(cpu_flags=frozenset(flags), kvm=kvm)
+
+
+class SevSnp(FactBase[SevState]):
+    """
+    Returns the host's SEV state: the SEV cpu flags (``sev_snp``: SNP enabled by the firmware)
+    and kvm_amd's ``sev``/``sev_es``/``sev_snp`` parameters (what KVM can run now). Empty on
+    Intel hosts.
+    """
+
+    default = SevState
+
+    def command(self) -> str:
+        params = " ".join(
+            f"/sys/module/kvm_amd/parameters/{p}" for p in ("sev", "sev_es", "sev_snp")
+        )
+        return (
+            f"grep -H . {params} 2>/dev/null; "
+            "grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\\n' | grep -x -E 'sme|sev|sev_es|sev_snp' "
+            "| sed 's/^/cpuflag /'; true"
+        )
+
+    def process(self, output: list[str]) -> SevState:
+        return parse_sev_state(output)

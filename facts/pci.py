@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 
@@ -159,3 +159,63 @@ class IommuGroups(FactBase[dict[int, list[str]]]):
 
     def process(self, output: list[str]) -> dict[int, list[str]]:
         return parse_iommu_groups(output)
+
+
+# Values of /sys/kernel/iommu_groups/<n>/type (drivers/iommu/iommu.c, iommu_group_show_type):
+# the group's default domain. "identity" is iommu=pt's untranslated DMA; "DMA" and "DMA-FQ"
+# translate (FQ: lazy, batched IOTLB flushes); "unknown" when the group has no default domain.
+IOMMU_DOMAIN_TYPES = ("identity", "DMA", "DMA-FQ", "blocked", "unmanaged", "unknown")
+_GROUP_TYPE = re.compile(r"^/sys/kernel/iommu_groups/(?P<group>\d+)/type:(?P<type>.*)$")
+
+
+@dataclass(frozen=True)
+class IommuState:
+    """The running IOMMU: its hardware units and each group's default domain type."""
+
+    units: tuple[str, ...] = ()  # /sys/class/iommu entries: dmar0, ivhd0, ...
+    group_types: dict[int, str] = field(default_factory=dict)  # group -> "DMA-FQ" | ...
+
+    @property
+    def active(self) -> bool:
+        return bool(self.units or self.group_types)
+
+    @property
+    def translated(self) -> bool:
+        """Some group's default domain translates DMA (no iommu=pt in effect for it)."""
+        return any(t in ("DMA", "DMA-FQ") for t in self.group_types.values())
+
+
+def parse_iommu_state(lines: list[str]) -> IommuState:
+    units: list[str] = []
+    types: dict[int, str] = {}
+    for line in lines:
+        if not line.strip():
+            continue
+        if match := _GROUP_TYPE.match(line):
+            if match["type"] not in IOMMU_DOMAIN_TYPES:
+                raise UnparsedOutput("IOMMU group types", line, "unknown domain type")
+            types[int(match["group"])] = match["type"]
+        elif line.startswith("iommu ") and re.fullmatch(r"[\w.:-]+", line[6:]):
+            units.append(line[6:])
+        else:
+            raise UnparsedOutput("IOMMU state", line)
+    return IommuState(units=tuple(sorted(units)), group_types=types)
+
+
+class IommuDomains(FactBase[IommuState]):
+    """
+    Returns the IOMMU hardware units (``/sys/class/iommu``) and each IOMMU group's default
+    domain type (``/sys/kernel/iommu_groups/*/type``: identity, DMA, DMA-FQ, ...); empty when
+    the IOMMU is off or not exposed.
+    """
+
+    default = IommuState
+
+    def command(self) -> str:
+        return (
+            "grep -H . /sys/kernel/iommu_groups/*/type 2>/dev/null; "
+            'for i in /sys/class/iommu/*; do [ -e "$i" ] && echo "iommu ${i##*/}"; done; true'
+        )
+
+    def process(self, output: list[str]) -> IommuState:
+        return parse_iommu_state(output)

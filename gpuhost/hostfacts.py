@@ -26,6 +26,8 @@ from facts.kernel import (
     KernelCmdline,
     LoadedModules,
     ModuleParameters,
+    SevSnp,
+    SevState,
 )
 from facts.nvidia import (
     DriverVersion,
@@ -37,7 +39,7 @@ from facts.nvidia import (
     NvidiaTopology,
     Topology,
 )
-from facts.pci import IommuGroups, PciDevice, PciDevices
+from facts.pci import IommuDomains, IommuGroups, IommuState, PciDevice, PciDevices
 from facts.proxmox import (
     BootKernelList,
     BootKernels,
@@ -70,9 +72,14 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "LoadedModules": (LoadedModules, {}),
     "ConfigFiles": (ConfigFiles, {}),
     "BootId": (BootId, {}),
+    "SevSnp": (SevSnp, {}),
+    "IommuDomains": (IommuDomains, {}),
 }
-# Keys a snapshot may lack (taken before gpuhost read them): they load as "not captured".
-OPTIONAL = ("LoadedModules", "ConfigFiles", "BootId")
+# Facts added after snapshots were first taken: a snapshot without them still loads, with the
+# fact's default (no SEV flags, no IOMMU units or group types), as if the host had shown none;
+# the managed files, loaded modules and boot id load as None ("not captured").
+NOT_CAPTURED = frozenset({"LoadedModules", "ConfigFiles", "BootId"})
+ADDED_LATER = frozenset({"SevSnp", "IommuDomains"}) | NOT_CAPTURED
 
 
 @dataclass
@@ -95,6 +102,8 @@ class HostFacts:
     loaded_modules: list[str] | None = None  # None: not captured
     managed: ManagedFiles | None = None  # the files gpuhost manages; None: not captured
     boot_id: str | None = None
+    sev: SevState = field(default_factory=SevState)
+    iommu: IommuState = field(default_factory=IommuState)
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -127,8 +136,10 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
     """Parse raw (exit status, stdout lines) per fact key into :class:`HostFacts`."""
     value: dict[str, Any] = {}
     for key, (cls, _) in FACTS.items():
-        if key not in raw and key in OPTIONAL:
-            value[key] = None
+        if key not in raw and key in ADDED_LATER:
+            # a snapshot taken before gpuhost read this: the boot loader's files and the boot id
+            # are "not captured" (None); the others load with the fact's default
+            value[key] = None if key in NOT_CAPTURED else _default(cls)
             continue
         status, lines = raw.get(key, (MISSING_TOOL, []))
         if status == MISSING_TOOL and required_tool(key):
@@ -158,6 +169,8 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         loaded_modules=value["LoadedModules"],
         managed=value["ConfigFiles"],
         boot_id=value["BootId"],
+        sev=value["SevSnp"],
+        iommu=value["IommuDomains"],
     )
 
 
@@ -166,8 +179,8 @@ def read_snapshot(directory: str | Path) -> dict[str, tuple[int, list[str]]]:
     raw = {}
     for key in FACTS:
         rc_file = directory / f"{key}.rc"
-        if not rc_file.exists() and key in OPTIONAL:
-            continue
+        if not rc_file.exists() and key in ADDED_LATER:
+            continue  # an older snapshot: parse_raw gives the fact's default
         if not rc_file.exists():
             raise FileNotFoundError(f"{directory}: snapshot has no {key}.rc; capture it again")
         out = directory / f"{key}.out"

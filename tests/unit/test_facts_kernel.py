@@ -3,10 +3,13 @@ import pytest
 from facts._parse import UnparsedOutput
 from facts.kernel import (
     KernelCmdline,
+    SevSnp,
+    SevState,
     parse_char_devices,
     parse_cpu_vendor,
     parse_kernel_build,
     parse_module_parameters,
+    parse_sev_state,
 )
 from tests.unit.conftest import captured
 
@@ -70,3 +73,37 @@ def test_cpu_vendor(machine: str) -> None:
     assert parse_cpu_vendor(["vendor_id\t: AuthenticAMD"]) == "amd"
     with pytest.raises(UnparsedOutput):
         parse_cpu_vendor(["vendor_id\t: HygonGenuine"])
+
+
+# --- SEV-SNP ---------------------------------------------------------------------------------
+
+
+def test_sev_state_on_the_real_intel_machine() -> None:
+    # h200x1 (2026-12-01): Intel, no kvm_amd, no SEV flags -> empty output
+    state = SevSnp().process(captured("h200x1", "SevSnp"))
+    assert state == SevState() and not state.snp_host and state.snp_usable is None
+
+
+def test_sev_state_snp_host() -> None:
+    # the shapes the command prints on an AMD host (kvm_amd's bool parameters read Y/N)
+    lines = [
+        "/sys/module/kvm_amd/parameters/sev:Y",
+        "/sys/module/kvm_amd/parameters/sev_es:Y",
+        "/sys/module/kvm_amd/parameters/sev_snp:Y",
+        "cpuflag sme",
+        "cpuflag sev",
+        "cpuflag sev_es",
+        "cpuflag sev_snp",
+    ]
+    state = parse_sev_state(lines)
+    assert state.snp_host and state.snp_usable is True
+    # iommu=pt on the same host: the IOMMU driver withdraws SNP, the cpu flag stays
+    given_up = parse_sev_state([*lines[:2], "/sys/module/kvm_amd/parameters/sev_snp:N", *lines[3:]])
+    assert given_up.snp_host and given_up.snp_usable is False
+
+
+def test_sev_state_rejects_garbage() -> None:
+    with pytest.raises(UnparsedOutput, match="unknown cpu flag"):
+        parse_sev_state(["cpuflag avx"])
+    with pytest.raises(UnparsedOutput):
+        parse_sev_state(["/sys/module/kvm_amd/parameters/sev_snp:maybe"])

@@ -1,7 +1,13 @@
 import pytest
 
 from facts._parse import UnparsedOutput
-from facts.pci import parse_iommu_groups, parse_pci_devices
+from facts.pci import (
+    IommuDomains,
+    IommuState,
+    parse_iommu_groups,
+    parse_iommu_state,
+    parse_pci_devices,
+)
 from tests.unit.conftest import captured
 from tests.unit.hosts import pci_lines
 
@@ -69,3 +75,31 @@ def test_iommu_groups() -> None:
     assert groups == {14: ["0000:00:1f.3", "0000:41:00.0", "0000:41:00.1"], 3: ["0000:00:01.0"]}
     with pytest.raises(UnparsedOutput):
         parse_iommu_groups(["x 0000:00:01.0"])
+
+
+def test_iommu_state_on_the_real_machine() -> None:
+    # h200x1 (2026-12-01): dmesg says "Default domain type: Translated", but the microVM
+    # exposes no IOMMU unit and no group to the guest: the state is empty
+    state = IommuDomains().process(captured("h200x1", "IommuDomains"))
+    assert state == IommuState() and not state.active
+
+
+def test_iommu_state_host() -> None:
+    lines = [
+        "/sys/kernel/iommu_groups/0/type:DMA-FQ",
+        "/sys/kernel/iommu_groups/12/type:identity",
+        "/sys/kernel/iommu_groups/13/type:unmanaged",  # a group vfio owns for a running VM
+        "iommu ivhd1",
+        "iommu ivhd0",
+    ]
+    state = parse_iommu_state(lines)
+    assert state.active and state.translated and state.units == ("ivhd0", "ivhd1")
+    assert state.group_types == {0: "DMA-FQ", 12: "identity", 13: "unmanaged"}
+    assert not parse_iommu_state(["/sys/kernel/iommu_groups/3/type:identity"]).translated
+
+
+def test_iommu_state_rejects_garbage() -> None:
+    with pytest.raises(UnparsedOutput, match="unknown domain type"):
+        parse_iommu_state(["/sys/kernel/iommu_groups/0/type:Translated"])
+    with pytest.raises(UnparsedOutput):
+        parse_iommu_state(["dmar0"])
