@@ -7,27 +7,23 @@ parameters are never touched and a setting turned off removes exactly what gpuho
   user (root=, quiet, ...). gpuhost appends its parameters and lists them in
   /etc/gpuhost/kernel-cmdline, so the next run knows which ones are its own.
 - GRUB: /etc/default/grub stays the user's; gpuhost's parameters live in its own drop-in
-  /etc/default/grub.d/gpuhost.cfg, which update-grub sources after /etc/default/grub.
+  /etc/default/grub.d/zz-gpuhost.cfg, which update-grub sources after /etc/default/grub and
+  after Proxmox's own drop-ins (see gpuhost/grubconf.py).
 """
 
 from __future__ import annotations
 
-import re
-import shlex
 from dataclasses import dataclass
+
+from gpuhost import grubconf
 
 KERNEL_CMDLINE = "/etc/kernel/cmdline"
 CMDLINE_RECORD = "/etc/gpuhost/kernel-cmdline"
 DEFAULT_GRUB = "/etc/default/grub"
-GRUB_DROPIN = "/etc/default/grub.d/gpuhost.cfg"
+GRUB_DROPIN = grubconf.DROPIN
 RECORD_HEADER = (
     "# Managed by gpuhost: the parameters it added to /etc/kernel/cmdline, one a line.\n"
 )
-DROPIN_HEADER = (
-    "# Managed by gpuhost; edit the inventory, not this file. update-grub sources it after\n"
-    "# /etc/default/grub: it appends gpuhost's kernel parameters to every entry (recovery too).\n"
-)
-_DROPIN_LINE = re.compile(r"""GRUB_CMDLINE_LINUX="\$GRUB_CMDLINE_LINUX"'(?P<params>[^']*)'""")
 
 
 @dataclass(frozen=True)
@@ -65,66 +61,51 @@ def systemd_boot(files: dict[str, str], wanted: list[str]) -> BootConfig:
     params = first.split()
     recorded = _record(files)
     user = [p for p in params if p not in recorded]
-    owned = [p for p in wanted if p not in user]
     # Everything after "--" is for init, not the kernel: gpuhost's parameters go before it.
     cut = user.index("--") if "--" in user else len(user)
+    owned = [p for p in wanted if p not in user[:cut]]
     line = " ".join(user[:cut] + owned + user[cut:])
     record = RECORD_HEADER + "".join(f"{p}\n" for p in owned) if owned else None
     return BootConfig(
         files={KERNEL_CMDLINE: f"{line}\n{rest}", CMDLINE_RECORD: record},
         owned=owned,
         present=list(wanted),
-        absent=[p for p in recorded if p not in wanted and p not in user],
+        absent=[p for p in recorded if p not in wanted and p not in user[:cut]],
         problems=[],
     )
 
 
-def render_dropin(params: list[str]) -> str:
-    """The drop-in: parameters appended to GRUB_CMDLINE_LINUX, single-quoted for sh.
+def configured(loader: str, files: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The user's own parameters for the next boot, with where each is set, and problems.
 
-    The parameters passed the spec's kernel-parameter grammar already; quoting them again with
-    sh's own rules keeps the file safe to source whatever they hold.
+    gpuhost's own parameters are left out: it may change or remove those.
     """
-    return (
-        DROPIN_HEADER
-        + f'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX"{shlex.quote(" " + " ".join(params))}\n'
-    )
+    if loader == "systemd-boot":
+        params = user_params_systemd_boot(files)
+        kernel = params[: params.index("--")] if "--" in params else params  # the rest is init's
+        return [(p, KERNEL_CMDLINE) for p in kernel], []
+    theirs = {path: text for path, text in files.items() if path != GRUB_DROPIN}
+    try:
+        parsed = grubconf.parse_grub_defaults(theirs)
+    except grubconf.GrubConfigError as exc:
+        return [], [str(exc)]
+    return [(p.value, p.origin) for p in parsed.normal], []
 
 
-def dropin_params(text: str | None) -> list[str]:
-    """gpuhost's parameters in its drop-in, as written by :func:`render_dropin`."""
-    for line in (text or "").splitlines():
-        if match := _DROPIN_LINE.fullmatch(line.strip()):
-            return match["params"].split()
-    return []
+def _dropin_params(text: str | None) -> list[str]:
+    if not text:
+        return []
+    return grubconf.parse_grub_defaults({GRUB_DROPIN: text}).from_dropin()
 
 
 def grub(files: dict[str, str], user: list[str], wanted: list[str]) -> BootConfig:
     """``user``: the parameters the user's own GRUB files configure."""
-    previous = dropin_params(files.get(GRUB_DROPIN))
+    previous = _dropin_params(files.get(GRUB_DROPIN))
     owned = [p for p in wanted if p not in user]
     return BootConfig(
-        files={GRUB_DROPIN: render_dropin(owned) if owned else None},
+        files={GRUB_DROPIN: grubconf.render_dropin(owned) if owned else None},
         owned=owned,
         present=list(wanted),
         absent=[p for p in previous if p not in wanted and p not in user],
         problems=[],
     )
-
-
-_GRUB_VAR = re.compile(r"^\s*(?:export\s+)?(?P<var>GRUB_CMDLINE_LINUX(?:_DEFAULT)?)=(?P<value>.*)$")
-
-
-def grub_user_params(files: dict[str, str]) -> list[str]:
-    """The kernel parameters the user's GRUB files configure (gpuhost's own drop-in excluded)."""
-    values = {"GRUB_CMDLINE_LINUX": "", "GRUB_CMDLINE_LINUX_DEFAULT": ""}
-    paths = [
-        DEFAULT_GRUB,
-        *sorted(p for p in files if p.startswith("/etc/default/grub.d/") and p != GRUB_DROPIN),
-    ]
-    for path in paths:
-        for line in (files.get(path) or "").splitlines():
-            if match := _GRUB_VAR.match(line):
-                words = shlex.split(match["value"], comments=True)
-                values[match["var"]] = " ".join(words)
-    return values["GRUB_CMDLINE_LINUX"].split() + values["GRUB_CMDLINE_LINUX_DEFAULT"].split()

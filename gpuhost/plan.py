@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from gpuhost import bootconf, modconf
 from gpuhost.gpus import model_name, needs_open_modules
 from gpuhost.hostfacts import HostFacts
+from gpuhost.iommu import plan_iommu
+from gpuhost.p2p import plan_p2p
 from gpuhost.spec import HostSpec
 from gpuhost.split import (
     HOST,
@@ -28,11 +30,8 @@ from gpuhost.split import (
     slot,
 )
 
-__all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan", "plan_cmdline"]
+__all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan"]
 
-# Link types of `nvidia-smi topo -m` across which the driver allows P2P: NVLink, or PCIe that
-# stays under one switch or host bridge. NODE and SYS cross host bridges / sockets.
-P2P_LINKS = ("PIX", "PXB", "PHB")
 STATE_DIR = "/var/lib/gpuhost"  # gpuhost's own records on the host (pending steps, last reboot)
 # Concerns whose reboot this deploy makes; the others wait for the deploys that will own them.
 REBOOT_NOW = ("cmdline", "modules")
@@ -158,71 +157,46 @@ class Plan:
         return next(g.owner for g in self.gpus if g.bdf == bdf)
 
 
-def plan_cmdline(spec: HostSpec, cpu_vendor: str, passthrough: bool) -> list[str]:
-    """The kernel parameters gpuhost wants on the command line, in order."""
-    boot = spec.boot
-    wanted: list[str] = []
-    if boot.iommu:
-        wanted.append("intel_iommu=on" if cpu_vendor == "intel" else "amd_iommu=on")
-    if passthrough:
-        wanted.append("iommu=pt")
-    if boot.acs_override:
-        wanted.append(f"pcie_acs_override={boot.acs_override}")
-    if boot.pci_realloc:
-        wanted.append("pci=realloc")
-    return wanted + list(boot.extra)
-
-
-def plan_passthrough(spec: HostSpec, host_blackwell: list[str], problems: list[str]) -> bool:
-    """iommu=pt unless a Blackwell GPU stays on the host driver (identity domain: FSP 0x177)."""
-    wanted = spec.boot.iommu_passthrough
-    if wanted and host_blackwell:
-        problems.append(
-            f"boot.iommu_passthrough is true but {', '.join(host_blackwell)} are Blackwell GPUs "
-            "that stay on the host driver: under an identity IOMMU domain (iommu=pt) their FSP "
-            "fails to boot (error 0x177); leave boot.iommu_passthrough unset or false"
-        )
-    return bool(spec.boot.iommu) and (wanted if wanted is not None else not host_blackwell)
+def _loader_files(facts: HostFacts, loader: str) -> dict[str, str]:
+    if facts.files is not None:
+        return facts.files
+    # A snapshot taken without the boot loader's files: judge by /proc/cmdline.
+    base = [p for p in facts.cmdline if not p.startswith(("BOOT_IMAGE=", "initrd="))]
+    if loader == "systemd-boot":
+        return {bootconf.KERNEL_CMDLINE: " ".join(base) + "\n"}
+    return {bootconf.DEFAULT_GRUB: f'GRUB_CMDLINE_LINUX="{" ".join(base)}"\n'}
 
 
 def _boot_config(
-    spec: HostSpec, facts: HostFacts, loader: str, wanted: list[str]
-) -> bootconf.BootConfig:
-    files = facts.files
-    if files is None:  # a snapshot taken without the boot loader's files: judge by /proc/cmdline
-        base = [p for p in facts.cmdline if not p.startswith(("BOOT_IMAGE=", "initrd="))]
-        files = {bootconf.KERNEL_CMDLINE: " ".join(base) + "\n"} if loader == "systemd-boot" else {}
+    spec: HostSpec, facts: HostFacts, loader: str, problems: list[str], notes: list[str]
+) -> tuple[bootconf.BootConfig, bool]:
+    """The boot loader files and whether host devices get identity domains (iommu=pt)."""
+    files = _loader_files(facts, loader)
+    configured, trouble = bootconf.configured(loader, files)
+    problems += trouble
+    boot = spec.boot
+    iommu = plan_iommu(
+        cpu_vendor=facts.cpu_vendor,
+        snp_host=facts.sev.snp_host,
+        iommu=boot.iommu,
+        iommu_passthrough=boot.iommu_passthrough,
+        snp=getattr(boot, "snp", "keep"),
+        acs_override=boot.acs_override,
+        pci_realloc=boot.pci_realloc,
+        extra=boot.extra,
+        configured=configured,
+        running=facts.cmdline,
+        iommu_active=facts.iommu.active or bool(facts.iommu_groups),
+    )
+    problems += iommu.refusals
+    notes += iommu.notes
+    wanted = list(iommu.wanted)
     if loader == "systemd-boot":
-        return bootconf.systemd_boot(files, wanted)
-    return bootconf.grub(files, bootconf.grub_user_params(files), wanted)
-
-
-def _expected_p2p(
-    spec: HostSpec, facts: HostFacts, assignments: list[GpuAssignment], notes: list[str]
-) -> dict[tuple[str, str], bool | None]:
-    on_host = [a for a in assignments if a.driver_planned == "nvidia"]
-    pairs = [(a, b) for a in on_host for b in on_host if a.bdf < b.bdf and a.owner == b.owner]
-    if not pairs:
-        return {}
-    if spec.p2p.unsafe_iommu:
-        notes.append(
-            "P2P: unsafe under this IOMMU; guests get NCCL_P2P_DISABLE=1 and P2P is not relied on"
-        )
-        return {(a.bdf, b.bdf): None for a, b in pairs}
-    if spec.p2p.expected != "auto":
-        return {(a.bdf, b.bdf): spec.p2p.expected == "all" for a, b in pairs}
-    topo = facts.topology
-    names = {g.bdf: f"GPU{g.index}" for g in facts.gpus.gpus}
-    if topo is None or not all(a.bdf in names and b.bdf in names for a, b in pairs):
-        notes.append(
-            "P2P: topology unknown until the nvidia driver runs every GPU; re-plan after boot"
-        )
-        return {(a.bdf, b.bdf): None for a, b in pairs}
-    result = {}
-    for a, b in pairs:
-        link = topo.links[(names[a.bdf], names[b.bdf])]
-        result[(a.bdf, b.bdf)] = link.startswith("NV") or link in P2P_LINKS
-    return result
+        config = bootconf.systemd_boot(files, wanted)
+    else:
+        config = bootconf.grub(files, [p for p, _ in configured], wanted)
+    problems += config.problems
+    return config, iommu.identity_domains
 
 
 def _version_key(release: str) -> tuple[int, ...]:
@@ -266,10 +240,6 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
                 f"driver.open is false but {', '.join(blackwell)} are Blackwell GPUs, which only "
                 "the open kernel modules support; set driver.open: true"
             )
-    host_blackwell = [
-        g.bdf for g in gpus if needs_open_modules(g.device) and owners.get(g.bdf, HOST).kind != "vm"
-    ]
-    passthrough = plan_passthrough(spec, host_blackwell, problems)
     kernel = facts.kernel
     if kernel.release == spec.kernel.version and kernel.gcc_version not in (
         None,
@@ -281,8 +251,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
             "loaded into it (rebuild the kernel with the toolchain, or set toolchain.gcc)"
         )
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
-    boot = _boot_config(spec, facts, loader, plan_cmdline(spec, facts.cpu_vendor, passthrough))
-    problems += boot.problems
+    boot, passthrough = _boot_config(spec, facts, loader, problems, notes)
     if problems:
         raise PlanError(host, problems, source)
 
@@ -324,11 +293,25 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         module_options["nvidia_uvm"] = {"uvm_disable_hmm": "1"}
         expected_parameters["nvidia_uvm"] = {"uvm_disable_hmm": "Y"}
     blacklist = ["nouveau"] if spec.modules.blacklist_nouveau else []
-    p2p = _expected_p2p(spec, facts, assignments, notes)
+    topo = facts.topology
+    p2p_plan = plan_p2p(
+        gpus=[(a.bdf, a.owner, a.driver_planned == "nvidia") for a in assignments],
+        smi_names={g.bdf: f"GPU{g.index}" for g in facts.gpus.gpus},
+        read=facts.p2p.get("r"),
+        write=facts.p2p.get("w"),
+        links=topo.links if topo else None,
+        expected=spec.p2p.expected,
+        unsafe_iommu=spec.p2p.unsafe_iommu,
+        snp_host=facts.sev.snp_host,
+        identity_domains=passthrough,
+        host=HOST,
+    )
+    p2p = dict(p2p_plan.pairs)
+    notes += p2p_plan.notes
     guest_env = {owner_of_guest(g): dict(g.env) for g in spec.guests}
-    if spec.p2p.unsafe_iommu:
-        for owner in guest_env:
-            guest_env[owner].setdefault("NCCL_P2P_DISABLE", "1")
+    for owner, env in p2p_plan.env.items():
+        for name, value in env.items():
+            guest_env.setdefault(owner, {}).setdefault(name, value)
 
     files = _files(
         {

@@ -32,7 +32,7 @@ CASES = {
         KPRO6,
         "/etc/kernel/cmdline",
         r"s/$/ mitigations=off/",
-        ["amd_iommu=on", "pci=realloc"],
+        ["iommu=pt", "pci=realloc"],
     ),
     "lumped": (
         LUMPED,
@@ -80,7 +80,7 @@ def test_boot_parameters_and_module_options_converge(
     cmdline = host.file("/proc/cmdline").content_string.split()
     assert all(p in cmdline for p in planned), cmdline
     assert "mitigations=off" in cmdline  # the user's parameter survived
-    assert "iommu=pt" not in cmdline  # Blackwell GPUs stay on the host driver: no identity domain
+    assert "amd_iommu=on" not in cmdline  # not a kernel option: the AMD IOMMU is on by default
     assert (
         host.file("/sys/module/nvidia_uvm/parameters/uvm_disable_hmm").content_string.strip() == "Y"
     )

@@ -81,6 +81,11 @@ def kpro6_raw(lumped: bool = False) -> dict[str, tuple[int, list[str]]]:
                 [name, *cells, "0-63" if i < 4 else "64-127", "0" if i < 4 else "1", "", "N/A"]
             )
         )
+    p2p = [
+        " \t" + "\t".join(names) + "\t",
+        *(f" {n}\t" + "\t".join("X" if n == m else "NS" for m in names) + "\t" for n in names),
+        "#gpuhost-exit=0",
+    ]
     return {
         "PciDevices": (0, pci),
         "IommuGroups": (0, [f"{g} {' '.join(sorted(m))}" for g, m in groups.items()]),
@@ -93,18 +98,9 @@ def kpro6_raw(lumped: bool = False) -> dict[str, tuple[int, list[str]]]:
             ],
         ),
         "NvidiaTopology": (0, [*topo, "", "Legend:", "#gpuhost-exit=0"]),
-        "NvidiaP2P-r": (
-            0,
-            [
-                " \t" + "\t".join(names) + "\t",
-                *(
-                    f" {n}\t" + "\t".join("X" if n == m else "NS" for m in names) + "\t"
-                    for n in names
-                ),
-                "#gpuhost-exit=0",
-            ],
-        ),
-        "NvidiaP2P-w": (127, []),
+        # each GPU behind its own root port: the driver answers NS (not supported) both ways
+        "NvidiaP2P-r": (0, p2p),
+        "NvidiaP2P-w": (0, p2p),
         "NvidiaDriver": (
             0,
             [

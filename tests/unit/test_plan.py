@@ -1,10 +1,11 @@
 """The planner on real captures (2x H200) and on constructed kpro6-shaped facts."""
 
+import base64
 from dataclasses import replace
 
 import pytest
 
-from gpuhost.plan import HOST, Owner, PlanError, make_plan, plan_cmdline
+from gpuhost.plan import HOST, Owner, PlanError, make_plan
 from gpuhost.render import render_plan
 from gpuhost.spec import HostSpec
 from tests.unit.hosts import h200x2 as h200x2_facts
@@ -78,9 +79,11 @@ def test_p2p_unsafe_iommu_disables_nccl_p2p() -> None:
 
 
 def test_p2p_unknown_without_driver() -> None:
-    plan = make_plan("h200", host(H200, lxc(200, "rest")), h200x2_facts(topology=None))
+    no_answers = {"r": None, "w": None}  # nvidia-smi cannot answer without the driver
+    facts = h200x2_facts(topology=None, p2p=no_answers)
+    plan = make_plan("h200", host(H200, lxc(200, "rest")), facts)
     assert plan.p2p == {("0000:00:06.0", "0000:00:07.0"): None}
-    assert any("topology unknown" in n for n in plan.notes)
+    assert any(n.startswith("P2P: unknown until the nvidia driver runs") for n in plan.notes)
 
 
 def test_driver_not_loaded_needs_reboot() -> None:
@@ -106,7 +109,8 @@ def test_kpro6_split() -> None:
     assert [g.numa_node for g in plan.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert plan.gpus[6].functions == ("0000:c1:00.1",)  # the audio function goes with the GPU
     assert plan.loader == "systemd-boot"
-    assert plan.cmdline_add == ["amd_iommu=on", "pci=realloc"]  # no iommu=pt: Blackwell on the host
+    # AMD: the IOMMU is on by default (amd_iommu=on is no kernel option); no SEV-SNP: iommu=pt
+    assert plan.cmdline_add == ["iommu=pt", "pci=realloc"]
     assert "pcie_aspm=off" in plan.cmdline  # the user's own parameter survives
     assert set(plan.p2p.values()) == {False}  # each GPU on its own root port: NODE/SYS, no P2P
     assert len(plan.p2p) == 15  # pairs among the container's 6 GPUs
@@ -121,7 +125,7 @@ def test_kpro6_split() -> None:
 def test_converged_host_needs_no_reboot() -> None:
     spec = host(KPRO6, lxc(200, "rest"), modules={"uvm_disable_hmm": True})
     raw = kpro6_raw()
-    raw["KernelCmdline"] = (0, ["root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on"])
+    raw["KernelCmdline"] = (0, ["root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet iommu=pt"])
     raw["ModuleParameters"] = (0, ["nvidia_uvm uvm_disable_hmm Y"])
     plan = make_plan("kpro6", spec, kpro6(**raw))
     assert plan.reboot_reasons == [] and not plan.needs_reboot
@@ -251,55 +255,6 @@ def test_every_refusal_is_listed_at_once() -> None:
 # --- command line --------------------------------------------------------------------------------
 
 
-def test_cmdline_converges_managed_parameters_and_keeps_the_rest() -> None:
-    spec = host(
-        KPRO6,
-        boot={
-            "iommu_passthrough": False,
-            "acs_override": "downstream,multifunction",
-            "extra": ["pcie_aspm=force"],
-        },
-    )
-    running = [
-        "root=/dev/sda1",
-        "quiet",
-        "intel_iommu=on",
-        "iommu=pt",
-        "pci=realloc",
-        "pcie_aspm=off",
-    ]
-    add, remove, expected = plan_cmdline(spec, "amd", running, False)
-    assert add == ["amd_iommu=on", "pcie_acs_override=downstream,multifunction", "pcie_aspm=force"]
-    assert remove == ["intel_iommu=on", "iommu=pt", "pci=realloc", "pcie_aspm=off"]
-    assert expected == ["root=/dev/sda1", "quiet", *add]
-    assert plan_cmdline(spec, "amd", expected, False) == (
-        [],
-        [],
-        expected,
-    )  # converged: nothing to do
-
-
-def test_cmdline_pci_realloc_off_is_kept_unless_realloc_is_wanted() -> None:
-    running = ["root=/dev/sda1", "pci=realloc=off"]
-    assert plan_cmdline(host(KPRO6), "intel", running, True)[1] == []
-    add, remove, _ = plan_cmdline(host(KPRO6, boot={"pci_realloc": True}), "intel", running, True)
-    assert (add, remove) == (["intel_iommu=on", "iommu=pt", "pci=realloc"], ["pci=realloc=off"])
-
-
-def test_iommu_passthrough_is_auto_and_refused_for_blackwell_on_the_host() -> None:
-    # Hopper: iommu=pt is added by default
-    assert make_plan("h200", host(H200), h200x2_facts()).iommu_passthrough
-    # Blackwell GPUs on the host driver: no identity domain by default ...
-    assert not make_plan("kpro6", host(KPRO6), kpro6()).iommu_passthrough
-    # ... and asking for it is refused: their FSP fails to boot under it (error 0x177)
-    (problem,) = refused(host(KPRO6, boot={"iommu_passthrough": True}), kpro6())
-    assert "boot.iommu_passthrough is true but 0000:01:00.0" in problem and "error 0x177" in problem
-    # every Blackwell GPU in VMs (vfio domains, not identity): iommu=pt is fine
-    vm_all = host(KPRO6, vm(129, "rest"), boot={"iommu_passthrough": True})
-    assert make_plan("kpro6", vm_all, kpro6()).iommu_passthrough
-    assert "iommu=pt" in make_plan("kpro6", host(KPRO6, vm(129, "rest")), kpro6()).cmdline_add
-
-
 def test_group_check_waits_for_a_pending_acs_override() -> None:
     spec = host(KPRO6, vm(129, ["0000:c1:00.0"]), boot={"acs_override": "downstream,multifunction"})
     plan = make_plan("kpro6", spec, kpro6(lumped=True))  # the override is not on the cmdline yet
@@ -331,8 +286,106 @@ def test_group_check_waits_for_the_iommu_to_be_on() -> None:
     assert any("IOMMU groups are not visible" in n for n in plan.notes)
 
 
+# --- the kernel command line in the boot loader's files -------------------------------------------
+
+
+def files(**contents: str) -> tuple[int, list[str]]:
+    """The ConfigFiles fact's raw output for these files (path given with / as __)."""
+    lines = []
+    for key, text in contents.items():
+        path = "/" + key.replace("__", "/").replace("_dot_", ".").replace("_dash_", "-")
+        lines.append(f"F {path} {base64.b64encode(text.encode()).decode()}")
+    return (0, lines)
+
+
+CMDLINE = "etc__kernel__cmdline"
+RECORD = "etc__gpuhost__kernel_dash_cmdline"
+
+
+def test_cmdline_adds_only_what_the_user_does_not_have() -> None:
+    facts = kpro6(ConfigFiles=files(**{CMDLINE: "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet\n"}))
+    plan = make_plan("kpro6", host(KPRO6, boot={"pci_realloc": True}), facts)
+    # AMD: the IOMMU is on by default and amd_iommu=on is not a kernel option: never written
+    assert plan.cmdline_owned == ["iommu=pt", "pci=realloc"]
+    assert plan.files["/etc/kernel/cmdline"].content == (
+        "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet iommu=pt pci=realloc\n"
+    )
+    assert plan.files["/etc/gpuhost/kernel-cmdline"].content.splitlines()[1:] == [
+        "iommu=pt",
+        "pci=realloc",
+    ]
+
+
+def test_cmdline_keeps_the_users_iommu_values() -> None:
+    user = "root=/dev/sda1 amd_iommu=force_isolation iommu.passthrough=1\n"
+    plan = make_plan("kpro6", host(KPRO6), kpro6(ConfigFiles=files(**{CMDLINE: user})))
+    assert plan.files["/etc/kernel/cmdline"].content == user  # already says what gpuhost wants
+    assert plan.cmdline_owned == [] and plan.files["/etc/gpuhost/kernel-cmdline"].content is None
+
+
+def test_cmdline_value_that_contradicts_the_plan_is_refused_not_removed() -> None:
+    user = "root=/dev/sda1 amd_iommu=off\n"
+    (problem,) = refused(host(KPRO6), kpro6(ConfigFiles=files(**{CMDLINE: user})))
+    assert "amd_iommu=off (configured at /etc/kernel/cmdline) turns the IOMMU off" in problem
+
+
+def test_cmdline_setting_turned_off_removes_what_gpuhost_wrote() -> None:
+    current = {
+        CMDLINE: "root=/dev/sda1 quiet iommu=pt pci=realloc\n",
+        RECORD: "# Managed by gpuhost\niommu=pt\npci=realloc\n",
+    }
+    raw = {"ConfigFiles": files(**current)}
+    raw["KernelCmdline"] = (0, ["root=/dev/sda1 quiet iommu=pt pci=realloc"])
+    plan = make_plan("kpro6", host(KPRO6), kpro6(**raw))
+    assert plan.files["/etc/kernel/cmdline"].content == "root=/dev/sda1 quiet iommu=pt\n"
+    assert plan.cmdline_absent == ["pci=realloc"] and plan.cmdline_remove == ["pci=realloc"]
+    assert "kernel command line changes: -pci=realloc" in [str(r) for r in plan.reboot_reasons]
+
+
 def test_cmdline_parameters_go_before_the_init_arguments() -> None:
-    running = ["root=/dev/vda", "iommu=pt", "--", "--firecracker-init", "iommu=pt"]
-    add, remove, expected = plan_cmdline(host(KPRO6), "intel", running, False)
-    assert (add, remove) == (["intel_iommu=on"], ["iommu=pt"])
-    assert expected == ["root=/dev/vda", "intel_iommu=on", "--", "--firecracker-init", "iommu=pt"]
+    current = {CMDLINE: "root=/dev/vda -- --firecracker-init iommu=pt\n"}
+    plan = make_plan("kpro6", host(KPRO6), kpro6(ConfigFiles=files(**current)))
+    assert plan.files["/etc/kernel/cmdline"].content == (
+        "root=/dev/vda iommu=pt -- --firecracker-init iommu=pt\n"
+    )
+
+
+def test_grub_parameters_go_to_gpuhosts_own_dropin() -> None:
+    grub = 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash" # my comment\n'
+    raw = {
+        "ConfigFiles": files(etc__default__grub=grub),
+        "BootTool": (127, []),
+        "BootKernelList": (127, []),
+    }
+    plan = make_plan("kpro6", host(KPRO6, boot={"pci_realloc": True}), kpro6(**raw))
+    assert plan.loader == "grub" and "/etc/default/grub" not in plan.files  # the user's file
+    dropin = plan.files["/etc/default/grub.d/zz-gpuhost.cfg"].content
+    assert "iommu=pt" in dropin and "pci=realloc" in dropin
+
+
+def test_grub_single_quoted_iommu_off_is_refused_before_any_reboot() -> None:
+    grub = "GRUB_CMDLINE_LINUX='console=ttyS0 intel_iommu=off'\n"
+    raw = {
+        "ConfigFiles": files(etc__default__grub=grub),
+        "BootTool": (127, []),
+        "BootKernelList": (127, []),
+        "CpuVendor": (0, ["vendor_id\t: GenuineIntel"]),
+    }
+    (problem,) = refused(host(KPRO6), kpro6(**raw))
+    assert "intel_iommu=off (configured at /etc/default/grub:1) turns the IOMMU off" in problem
+
+
+def test_identity_domains_follow_sev_snp_not_the_gpu_architecture() -> None:
+    # no SNP: Blackwell GPUs on the host driver get iommu=pt (auto), and asking for it is fine
+    assert make_plan("kpro6", host(KPRO6), kpro6()).iommu_passthrough
+    assert make_plan(
+        "kpro6", host(KPRO6, boot={"iommu_passthrough": True}), kpro6()
+    ).iommu_passthrough
+    snp = {"SevSnp": (0, ["/sys/module/kvm_amd/parameters/sev_snp:Y", "cpuflag sev_snp"])}
+    # SNP kept (default): no identity domains; P2P not relied on, NCCL_P2P_DISABLE for guests
+    plan = make_plan("kpro6", host(KPRO6, lxc(200, "rest")), kpro6(**snp))
+    assert not plan.iommu_passthrough and "iommu=pt" not in plan.cmdline_owned
+    assert plan.guest_env[Owner("lxc", 200, "ct200")]["NCCL_P2P_DISABLE"] == "1"
+    # asking for iommu=pt while keeping SNP is refused, with the way out
+    (problem,) = refused(host(KPRO6, boot={"iommu_passthrough": True}), kpro6(**snp))
+    assert "SEV-SNP" in problem and "boot.snp: give_up" in problem
