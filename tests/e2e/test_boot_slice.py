@@ -131,7 +131,7 @@ def test_plan_command_reads_the_live_host(fresh, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert f"GPU plan for {twin.name}" in run.stdout
     assert "boot loader: grub" in run.stdout
-    assert "+intel_iommu=on +pcie_acs_override=downstream,multifunction" in run.stdout
+    assert "+intel_iommu=on +iommu=pt +pcie_acs_override=downstream,multifunction" in run.stdout
     assert manifest(twin.root) == before
 
 
