@@ -16,7 +16,7 @@ from twin import boot, hardware, modbuild
 from twin.modbuild import ModuleCache  # noqa: F401  (tests build modules through it)
 from twin.profile import Profile, load_profile
 
-CAPTURES = Path(__file__).resolve().parent.parent / "tests/fixtures/captures"
+CAPTURES = Path(__file__).resolve().parents[2] / "tests/fixtures/captures"  # gpuhost checkout
 DRIVER = modbuild.CAPTURED_DRIVER
 
 

@@ -1,7 +1,7 @@
 """pytest fixtures that run twins: real sshd on 127.0.0.N, real host-key checks, real teardown.
 
-Use from a conftest.py (`from twin.pytest_plugin import twin_fleet, twins, twin  # noqa: F401`)
-or `pytest_plugins = ["twin.pytest_plugin"]` in the top-level conftest.
+Installing gpuhost-twin registers this module as a pytest plugin (entry point `pytest11`), so
+every test session has the fixtures; no conftest imports them.
 
     twin_profile = "kpro6"   # module attributes pick what `twins`/`twin` start (default: bare)
     twin_count = 2
@@ -11,8 +11,8 @@ or `pytest_plugins = ["twin.pytest_plugin"]` in the top-level conftest.
 
 `twin_fleet` (session) is a factory for tests that need twins of their own:
 `twin_fleet.start(n, profile)` and `twin_fleet.stop(handle)`. Everything is torn down at the end:
-no mounts, no processes. Without root or the tools in twin/APT_PACKAGES the tests skip with the
-reason; under CI (env CI set) they fail instead, since CI must really run them.
+no mounts, no processes. Without root or the tools in gpuhost-twin/twin/APT_PACKAGES the tests
+skip with the reason; under CI (env CI set) they fail instead, since CI must really run them.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def support_problem() -> str | None:
         return "twins need root (overlay mounts, chroot sshd, LXC)"
     missing = [t for t in TOOLS if not shutil.which(t, path=SBIN_PATH)]
     if missing:
-        return f"missing {', '.join(missing)}: apt-get install $(cat twin/APT_PACKAGES)"
+        return (
+            f"missing {', '.join(missing)}: apt-get install $(cat gpuhost-twin/twin/APT_PACKAGES)"
+        )
     if "overlay" not in Path("/proc/filesystems").read_text():
         return "the kernel has no overlayfs"
     return None
