@@ -6,7 +6,7 @@
 Shims and how they win over real binaries:
 - every tool is a small python3 wrapper in /usr/local/bin (first in PATH for root and users:
   /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin), importing
-  /usr/lib/gpuhost-twin/twin_hwshim.py and twin_hwsim.py;
+  the packages /usr/lib/gpuhost-twin/hwshim and hwsim;
 - tools that a Debian package ships (uname: coreutils; dmesg: util-linux; lsmod, modprobe, modinfo, depmod: kmod;
   lspci: pciutils) are also replaced at their packaged path with `dpkg-divert --local --rename`
   (the real one stays as <path>.distrib), so absolute paths and package upgrades hit the shim;
@@ -53,8 +53,8 @@ WRAPPER = """#!/usr/bin/python3
 # gpuhost twin: simulated hardware tool; real one (if any) is {real}
 import os, sys
 sys.path.insert(0, os.path.join(os.environ.get("TWIN_ROOT", "/"), "{shim_dir}"))
-import twin_hwshim
-sys.exit(twin_hwshim.main("{tool}", sys.argv[1:]))
+import hwshim
+sys.exit(hwshim.main("{tool}", sys.argv[1:]))
 """
 
 
@@ -65,8 +65,10 @@ def install(root: Path, profile: Profile) -> None:
     shim_dir = root / SHIM_DIR
     shim_dir.mkdir(parents=True, exist_ok=True)
     here = Path(__file__).parent
-    shutil.copy2(here / "hwsim.py", shim_dir / "twin_hwsim.py")
-    shutil.copy2(here / "hwshim.py", shim_dir / "twin_hwshim.py")
+    for package in ("hwsim", "hwshim"):
+        (shim_dir / package).mkdir(exist_ok=True)
+        for source in (here / package).glob("*.py"):
+            shutil.copy2(source, shim_dir / package / source.name)
     for tool in TOOLS:
         _install_tool(root, tool)
     for kernel in profile.kernels:
