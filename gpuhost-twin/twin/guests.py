@@ -5,7 +5,7 @@ the twin's state dir (guests/<ctid>/upper persists across stops and reboots). It
 network namespace (lxc.net.0.type = none) and runs its own sshd as init on 127.<twin>.<ctid>:22.
 
 Devices are granted only as /etc/pve/lxc/<ctid>.conf inside the twin says (read with the Proxmox
-simulation's own reader, twin/pve/config.py), resolved at start against the twin's LIVE nodes
+simulation's own reader, twin/pve/lxc_devices.py), resolved at start against the twin's LIVE nodes
 (<twin root>/dev), like pve-container does:
 - `devN: /dev/x[,uid=,gid=,mode=,deny-write=1]`: stat the twin's node (error `Device /dev/x does not
   exist` / `/dev/x is not a device`), allow exactly its major:minor, mknod a copy with the given
@@ -30,6 +30,7 @@ from typing import Any
 
 from twin import node
 from twin.pve import config as pve_config
+from twin.pve import lxc_devices
 from twin.pve import runtime as pve_runtime
 from twin.pve.schema import PveError
 
@@ -73,13 +74,13 @@ def is_running(twin: node.Twin, ctid: int) -> bool:
     return res.stdout.strip() == "RUNNING"
 
 
-def device_lines(twin: node.Twin, ctid: int, conf: pve_config.LxcConfig) -> list[str]:
+def device_lines(twin: node.Twin, ctid: int, conf: lxc_devices.LxcConfig) -> list[str]:
     """The LXC config lines that grant exactly what the CT config grants, against live nodes."""
     passthrough = twin.dir / "guests" / str(ctid) / "passthrough"
     shutil.rmtree(passthrough, ignore_errors=True)
     passthrough.mkdir(parents=True)
     lines = [f"{DEVICES_KEY}.{rule}" for rule in DEFAULT_DEVICES]
-    for rule in pve_config.lxc_device_rules(twin.root, conf):  # raises "Device ... does not exist"
+    for rule in lxc_devices.lxc_device_rules(twin.root, conf):  # raises "Device ... does not exist"
         for line in rule.cgroup_lines:
             key, value = (part.strip() for part in line.split("=", 1))
             lines.append(f"{_devices_key(key)} = {value}")
@@ -146,7 +147,7 @@ def _prepare_rootfs(twin: node.Twin, ctid: int, hostname: str) -> Path:
 
 def start(twin: node.Twin, ctid: int) -> dict[str, Any]:
     try:
-        conf = pve_config.read_lxc(twin.root, ctid)
+        conf = lxc_devices.read_lxc(twin.root, ctid)
         if is_running(twin, ctid):
             raise PveError(f"CT {ctid} already running")
         groot = _prepare_rootfs(twin, ctid, conf.hostname)
@@ -231,7 +232,7 @@ def start_onboot(twin: node.Twin) -> None:
     """Proxmox starts every CT with `onboot: 1` when the host boots."""
     for ctid in pve_config.guest_ids(twin.root, "lxc"):
         try:
-            onboot = pve_config.read_lxc(twin.root, ctid).onboot
+            onboot = lxc_devices.read_lxc(twin.root, ctid).onboot
         except PveError:
             continue
         if onboot:

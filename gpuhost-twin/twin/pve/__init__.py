@@ -28,7 +28,8 @@ from .bootloader import (
     refresh,
     update_grub,
 )
-from .config import TWIN_STATE, LxcConfig, LxcDevice, lxc_device_rules, read_lxc
+from .config import TWIN_STATE
+from .lxc_devices import LxcConfig, LxcDevice, lxc_device_rules, read_lxc
 from .runtime import apply_pending, is_running, set_running
 
 __all__ = [

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config as cfg
+from . import options as opts
 from . import runtime as rt
 from .schema import ParamError, Prop, PveError, validate, verify_configid, verify_vmid
 
@@ -66,7 +67,7 @@ def _vmid(path_params: dict[str, str]) -> int:
 
 
 def typed(kind: str, values: dict[str, str]) -> dict[str, object]:
-    options = cfg.LXC_OPTIONS if kind == "lxc" else cfg.QEMU_OPTIONS
+    options = opts.LXC_OPTIONS if kind == "lxc" else opts.QEMU_OPTIONS
     out: dict[str, object] = {}
     for key, value in values.items():
         prop = options.get(key)

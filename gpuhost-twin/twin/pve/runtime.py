@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config as cfg
+from . import lxc_devices
+from . import options as opts
 from .schema import (
     FormatError,
     ParamError,
@@ -60,11 +62,11 @@ COMMON_UPDATE = {
     "digest": Prop(max_length=64),
 }
 LXC_UPDATE_SCHEMA: dict[str, Prop] = {
-    **{k: v for k, v in cfg.LXC_OPTIONS.items() if k not in cfg.SNAPSHOT_ONLY},
+    **{k: v for k, v in opts.LXC_OPTIONS.items() if k not in opts.SNAPSHOT_ONLY},
     **COMMON_UPDATE,
 }
 QEMU_UPDATE_SCHEMA: dict[str, Prop] = {
-    **{k: v for k, v in cfg.QEMU_OPTIONS.items() if k not in cfg.SNAPSHOT_ONLY},
+    **{k: v for k, v in opts.QEMU_OPTIONS.items() if k not in opts.SNAPSHOT_ONLY},
     **COMMON_UPDATE,
     "skiplock": Prop(type="boolean"),
     "force": Prop(type="boolean"),
@@ -238,7 +240,7 @@ def update_lxc(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
     reverts = split_list(params.pop("revert", ""))
     if not deletes and not reverts and not params:
         raise PveError("no options specified")
-    _check_delete_list(cfg.LXC_OPTIONS, params, deletes, reverts)
+    _check_delete_list(opts.LXC_OPTIONS, params, deletes, reverts)
     result = UpdateResult()
     with config_lock(root, "lxc", vmid):
         conf = cfg.load_config(root, "lxc", vmid)
@@ -270,7 +272,7 @@ def update_lxc(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
             if opt == "unprivileged":
                 raise PveError(f"unable to modify read-only option: '{opt}'")
             if re.fullmatch(r"dev\d+", opt):
-                device = cfg.parse_device(value)
+                device = lxc_devices.parse_device(value)
                 _device_mode_and_rdev(root, device.path)
             if opt == "description":
                 conf.main.description = value  # a fast-plug option: always applied at once
@@ -312,7 +314,7 @@ def update_qemu(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
         params["ide2"] = params.pop("cdrom")
     if not deletes and not reverts and not params:
         raise PveError("no options specified")
-    _check_delete_list(cfg.QEMU_OPTIONS, params, deletes, reverts)
+    _check_delete_list(opts.QEMU_OPTIONS, params, deletes, reverts)
     result = UpdateResult()
     with config_lock(root, "qemu", vmid):
         conf = cfg.load_config(root, "qemu", vmid)
@@ -399,7 +401,7 @@ def check_hostpci(root: Path, values: dict[str, str]) -> None:
         if not value:
             continue
         try:
-            dev = parse_property_string(cfg.HOSTPCI_FMT, value)
+            dev = parse_property_string(opts.HOSTPCI_FMT, value)
         except FormatError as exc:
             raise PveError(f"unable to parse value of 'hostpci{i}' - {exc}") from None
         if "host" in dev and "mapping" in dev:
