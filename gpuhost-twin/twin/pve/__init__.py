@@ -19,16 +19,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from .bootloader import (
-    KERNEL_HOOKS,
-    Out,
-    initramfs_record,
-    installed_kernels,
-    on_boot,
-    refresh,
-    update_grub,
-)
+from .boot_functions import Out, installed_kernels
+from .bootloader import KERNEL_HOOKS, on_boot
 from .config import TWIN_STATE
+from .esp_sync import refresh
+from .grub import update_grub
+from .initramfs import initramfs_record
 from .lxc_devices import LxcConfig, LxcDevice, lxc_device_rules, read_lxc
 from .runtime import apply_pending, is_running, set_running
 
