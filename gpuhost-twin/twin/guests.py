@@ -30,8 +30,7 @@ from typing import Any
 
 from twin import node
 from twin.pve import config as pve_config
-from twin.pve import lxc_devices
-from twin.pve import runtime as pve_runtime
+from twin.pve import guest_state, lxc_devices
 from twin.pve.schema import PveError
 
 CGROUP_V1 = Path("/sys/fs/cgroup/devices").is_dir()
@@ -193,7 +192,7 @@ def start(twin: node.Twin, ctid: int) -> dict[str, Any]:
         _stop_container(twin.dir, name)
         _teardown(twin, ctid)
         return answer(255, stderr=f"{log_tail}startup for container '{ctid}' failed\n")
-    pve_runtime.set_running(twin.root, "lxc", ctid, True, address=twin.guest_address(ctid))
+    guest_state.set_running(twin.root, "lxc", ctid, True, address=twin.guest_address(ctid))
     node.write_known_hosts()
     return answer(0)
 
@@ -271,4 +270,4 @@ def _teardown(twin: node.Twin, ctid: int) -> None:
     gdir = twin.dir / "guests" / str(ctid)
     node.unmount_below(gdir / "root")
     shutil.rmtree(gdir / "passthrough", ignore_errors=True)
-    pve_runtime.set_running(twin.root, "lxc", ctid, False)
+    guest_state.set_running(twin.root, "lxc", ctid, False)

@@ -22,11 +22,12 @@ from typing import Any
 from .boot_functions import Out, installed_kernels
 from .bootloader import KERNEL_HOOKS, on_boot
 from .config import TWIN_STATE
+from .config_update import apply_pending
 from .esp_sync import refresh
 from .grub import update_grub
+from .guest_state import is_running, set_running
 from .initramfs import initramfs_record
 from .lxc_devices import LxcConfig, LxcDevice, lxc_device_rules, read_lxc
-from .runtime import apply_pending, is_running, set_running
 
 __all__ = [
     "LxcConfig",

@@ -54,9 +54,7 @@ from .grub import (
     set_grub_default,
     update_grub,
 )
-from .initramfs import (
-    update_initramfs,
-)
+from .initramfs import update_initramfs
 
 KERNEL_HOOKS = {
     "postinst": ("initramfs-tools", "proxmox-auto-removal", "zz-proxmox-boot", "zz-update-grub"),

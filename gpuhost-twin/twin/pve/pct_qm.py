@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from . import config as cfg
+from . import config_update as cu
 from . import routes
 from . import runtime as rt
 from .clihandler import _BOOL, Output, _abort, get_options
@@ -85,7 +86,7 @@ def guest_tool(kind: str, root: Path, argv: list[str], out: Output) -> int:
             vmid = opts({})["vmid"]
             _print_pending(routes.call(root, "GET", f"{base}/{vmid}/pending", {}).data, out)  # type: ignore[arg-type]
         elif cmd == "set":
-            schema = rt.LXC_UPDATE_SCHEMA if kind == "lxc" else rt.QEMU_UPDATE_SCHEMA
+            schema = cu.LXC_UPDATE_SCHEMA if kind == "lxc" else cu.QEMU_UPDATE_SCHEMA
             params = opts(schema)
             vmid = params.pop("vmid")
             res = routes.call(root, "PUT", f"{base}/{vmid}/config", params)

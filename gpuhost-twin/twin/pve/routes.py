@@ -16,8 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config as cfg
+from . import config_update as cu
+from . import guest_state as gs
+from . import guest_status as gst
 from . import options as opts
 from . import runtime as rt
+from . import tasks
 from .schema import ParamError, Prop, PveError, validate, verify_configid, verify_vmid
 
 Handler = Callable[[Path, dict[str, str], dict[str, str]], "Result"]
@@ -86,7 +90,7 @@ def typed(kind: str, values: dict[str, str]) -> dict[str, object]:
 
 
 def get_version(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-    return Result(dict(rt.PVE_VERSION))
+    return Result(dict(gst.PVE_VERSION))
 
 
 def get_nodes(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
@@ -100,12 +104,12 @@ def get_nodes(root: Path, path: dict[str, str], params: dict[str, str]) -> Resul
                 "status": "online",
                 "level": "",
                 "cpu": 0.01,
-                "maxcpu": rt.host_cpus(root),
+                "maxcpu": gst.host_cpus(root),
                 "mem": 0,
                 "maxmem": _host_mem(root),
                 "disk": 0,
                 "maxdisk": 0,
-                "uptime": rt.host_uptime(root),
+                "uptime": gst.host_uptime(root),
             }
         ]
     )
@@ -127,7 +131,7 @@ def get_node_index(root: Path, path: dict[str, str], params: dict[str, str]) -> 
 def list_guests(kind: str) -> Handler:
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
         _node(root, path)
-        return Result(rt.list_guests(root, kind, full=params.get("full") == "1"))
+        return Result(gst.list_guests(root, kind, full=params.get("full") == "1"))
 
     return handler
 
@@ -196,7 +200,7 @@ def put_config(kind: str) -> Handler:
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
         _node(root, path)
         vmid = _vmid(path)
-        update = rt.update_lxc if kind == "lxc" else rt.update_qemu
+        update = cu.update_lxc if kind == "lxc" else cu.update_qemu
         res = update(root, vmid, params)
         return Result(None, stdout=res.stdout, warnings=res.warnings)
 
@@ -207,15 +211,15 @@ def post_qemu_config(root: Path, path: dict[str, str], params: dict[str, str]) -
     """The asynchronous variant: a 'qmconfig' task."""
     _node(root, path)
     vmid = _vmid(path)
-    upid = rt.new_upid(root, "qmconfig", vmid)
+    upid = tasks.new_upid(root, "qmconfig", vmid)
     try:
-        res = rt.update_qemu(root, vmid, params)
+        res = cu.update_qemu(root, vmid, params)
     except ParamError:
         raise  # parameter errors are answered before the worker forks
     except PveError as exc:
-        rt.record_task(root, upid, exc.msg)
+        tasks.record_task(root, upid, exc.msg)
         return Result(upid, task_error=exc.msg)
-    rt.record_task(root, upid, None)
+    tasks.record_task(root, upid, None)
     return Result(upid, warnings=res.warnings)
 
 
@@ -229,9 +233,9 @@ def get_status_current(kind: str) -> Handler:
         _node(root, path)
         vmid = _vmid(path)
         if kind == "lxc":
-            data = rt.lxc_status(root, vmid)
+            data = gst.lxc_status(root, vmid)
         else:
-            data = rt.qemu_status(root, vmid, full=True)
+            data = gst.qemu_status(root, vmid, full=True)
             data["agent"] = 0
         data["ha"] = {"managed": 0}
         return Result(data)
@@ -244,16 +248,16 @@ def post_status(kind: str, action: str) -> Handler:
         _node(root, path)
         vmid = _vmid(path)
         cfg.load_config(root, kind, vmid)
-        word = rt.guest_word(kind)
+        word = gs.guest_word(kind)
         task_type = {"lxc": "vz", "qemu": "qm"}[kind] + action
         # checked before the worker forks, like the API2 status handlers do
-        if action == "start" and rt.is_running(root, kind, vmid):
+        if action == "start" and gs.is_running(root, kind, vmid):
             raise PveError(f"{word} {vmid} already running")
-        if action == "stop" and kind == "lxc" and not rt.is_running(root, kind, vmid):
+        if action == "stop" and kind == "lxc" and not gs.is_running(root, kind, vmid):
             raise PveError(f"CT {vmid} not running")
-        upid = rt.new_upid(root, task_type, vmid)
+        upid = tasks.new_upid(root, task_type, vmid)
         error = _run_status_task(root, kind, action, vmid)
-        rt.record_task(root, upid, error)
+        tasks.record_task(root, upid, error)
         return Result(upid, task_error=error)
 
     return handler
@@ -277,14 +281,14 @@ def create_guest(kind: str) -> Handler:
 
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
         _node(root, path)
-        schema = dict(rt.LXC_UPDATE_SCHEMA if kind == "lxc" else rt.QEMU_UPDATE_SCHEMA)
+        schema = dict(cu.LXC_UPDATE_SCHEMA if kind == "lxc" else cu.QEMU_UPDATE_SCHEMA)
         for key in ("delete", "revert", "digest", "skiplock", "force", "background_delay"):
             schema.pop(key, None)
         schema.update(CREATE_EXTRA[kind])
         validate(params, schema)
         params = dict(params)
         vmid = int(params.pop("vmid"))
-        word = rt.guest_word(kind)
+        word = gs.guest_word(kind)
         if (
             cfg.config_path(root, kind, vmid).exists()
             or cfg.config_path(root, "qemu" if kind == "lxc" else "lxc", vmid).exists()
@@ -307,13 +311,13 @@ def create_guest(kind: str) -> Handler:
             conf.main.values.setdefault("swap", "512")
         else:
             conf.main.values.setdefault(
-                "meta", f"creation-qemu={rt.QEMU_VERSION},ctime={int(time.time())}"
+                "meta", f"creation-qemu={gst.QEMU_VERSION},ctime={int(time.time())}"
             )
             conf.main.values.setdefault("smbios1", f"uuid={uuid.uuid4()}")
             conf.main.values.setdefault("vmgenid", str(uuid.uuid4()))
         cfg.save_config(root, conf)
-        upid = rt.new_upid(root, "vzcreate" if kind == "lxc" else "qmcreate", vmid)
-        rt.record_task(root, upid, None)
+        upid = tasks.new_upid(root, "vzcreate" if kind == "lxc" else "qmcreate", vmid)
+        tasks.record_task(root, upid, None)
         return Result(upid)
 
     return handler
@@ -333,11 +337,11 @@ def delete_guest(kind: str) -> Handler:
         _node(root, path)
         vmid = _vmid(path)
         cfg.load_config(root, kind, vmid)
-        if rt.is_running(root, kind, vmid):
-            raise PveError(f"{rt.guest_word(kind)} {vmid} is running - destroy failed")
+        if gs.is_running(root, kind, vmid):
+            raise PveError(f"{gs.guest_word(kind)} {vmid} is running - destroy failed")
         cfg.config_path(root, kind, vmid).unlink()
-        upid = rt.new_upid(root, "vzdestroy" if kind == "lxc" else "qmdestroy", vmid)
-        rt.record_task(root, upid, None)
+        upid = tasks.new_upid(root, "vzdestroy" if kind == "lxc" else "qmdestroy", vmid)
+        tasks.record_task(root, upid, None)
         return Result(upid)
 
     return handler
@@ -345,7 +349,7 @@ def delete_guest(kind: str) -> Handler:
 
 def get_task_status(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
     _node(root, path)
-    return Result(rt.task_status(root, path["upid"]))
+    return Result(tasks.task_status(root, path["upid"]))
 
 
 CREATE_EXTRA: dict[str, dict[str, Prop]] = {
@@ -377,7 +381,7 @@ ROUTES: list[Route] = [
 ]
 for _kind in ("lxc", "qemu"):
     _base = f"/nodes/{{node}}/{_kind}"
-    _upd = dict(rt.LXC_UPDATE_SCHEMA if _kind == "lxc" else rt.QEMU_UPDATE_SCHEMA)
+    _upd = dict(cu.LXC_UPDATE_SCHEMA if _kind == "lxc" else cu.QEMU_UPDATE_SCHEMA)
     _create = {
         **{k: v for k, v in _upd.items() if k not in ("delete", "revert", "digest")},
         **CREATE_EXTRA[_kind],
@@ -396,7 +400,7 @@ for _kind in ("lxc", "qemu"):
         Route("POST", f"{_base}/{{vmid}}/status/stop", post_status(_kind, "stop"), _STOP),
     ]
 ROUTES.append(Route("POST", "/nodes/{node}/qemu/{vmid}/config", post_qemu_config,
-                    dict(rt.QEMU_UPDATE_SCHEMA)))  # fmt: skip
+                    dict(cu.QEMU_UPDATE_SCHEMA)))  # fmt: skip
 
 
 def find_route(method: str, path: str) -> tuple[Route, dict[str, str]] | None:
