@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import api_handlers, routes
 from . import config as cfg
 from . import config_update as cu
-from . import routes
 from . import runtime as rt
 from .clihandler import _BOOL, Output, _abort, get_options
 from .schema import Prop, PveError
@@ -134,7 +134,7 @@ def guest_tool(kind: str, root: Path, argv: list[str], out: Output) -> int:
 
 
 def _vmid_of(text: str) -> str:
-    return str(routes._vmid({"vmid": text}))
+    return str(api_handlers._vmid({"vmid": text}))
 
 
 def _start_stop(kind: str, cmd: str, root: Path, vmid: int, out: Output) -> int:
