@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from twin import node
+from twin import node, processes
 from twin.modbuild import ModuleCache
 
 
@@ -36,7 +36,7 @@ def reboot(twin: node.Twin, timeout: float = 60.0) -> None:
         timeout=30,
     )
     deadline = time.monotonic() + timeout
-    while boot_id.read_text() == before or not node.wait_port(twin.address, 22, timeout=0.5):
+    while boot_id.read_text() == before or not processes.wait_port(twin.address, 22, timeout=0.5):
         if time.monotonic() > deadline:
             raise node.TwinError(f"{twin.name} did not come back within {timeout} s")
         time.sleep(0.05)

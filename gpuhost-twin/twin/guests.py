@@ -28,7 +28,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from twin import node
+from twin import mounts, node, processes
 from twin.pve import config as pve_config
 from twin.pve import guest_state, lxc_devices
 from twin.pve.schema import PveError
@@ -112,8 +112,8 @@ def _prepare_rootfs(twin: node.Twin, ctid: int, hostname: str) -> Path:
     for sub in ("upper", "work", "root"):
         (gdir / sub).mkdir(mode=0o755, parents=True, exist_ok=True)
     groot = gdir / "root"
-    if not node.mounts_below(groot):
-        node.mount_overlay(Path(twin.base), gdir / "upper", gdir / "work", groot)
+    if not mounts.mounts_below(groot):
+        mounts.mount_overlay(Path(twin.base), gdir / "upper", gdir / "work", groot)
     key = groot / "etc/ssh/ssh_host_ed25519_key"
     if not key.exists():
         subprocess.run(
@@ -183,7 +183,7 @@ def start(twin: node.Twin, ctid: int) -> dict[str, Any]:
             stdout=out,
             stderr=out,
         )
-    up = node.wait_port(twin.guest_address(ctid), 22, timeout=15, alive=_monitors[name])
+    up = processes.wait_port(twin.guest_address(ctid), 22, timeout=15, alive=_monitors[name])
     if not up:
         log_tail = ""
         for logfile in (gdir / "lxc-start.log", gdir / "lxc.log"):
@@ -246,7 +246,7 @@ def stop_all(tdir: Path) -> None:
     for cdir in sorted(lxc.glob("*")) if lxc.is_dir() else []:
         _stop_container(tdir, cdir.name)
     for groot in sorted((tdir / "guests").glob("*/root")):
-        node.unmount_below(groot)
+        mounts.unmount_below(groot)
         shutil.rmtree(groot.parent / "passthrough", ignore_errors=True)
     ct_state = tdir / "root" / "run/gpuhost-twin/ct"
     if ct_state.is_dir():
@@ -268,6 +268,6 @@ def _stop_container(tdir: Path, name: str) -> None:
 
 def _teardown(twin: node.Twin, ctid: int) -> None:
     gdir = twin.dir / "guests" / str(ctid)
-    node.unmount_below(gdir / "root")
+    mounts.unmount_below(gdir / "root")
     shutil.rmtree(gdir / "passthrough", ignore_errors=True)
     guest_state.set_running(twin.root, "lxc", ctid, False)

@@ -16,24 +16,24 @@ and StrictModes demand it):
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from twin import rootfs
+from twin.errors import TwinError
+from twin.mounts import mount_overlay, unmount_below
+from twin.processes import _alive, kill_processes
 
 STATE_ROOT = Path(os.environ.get("GPUHOST_TWIN_STATE", "/var/lib/gpuhost-twin"))
 SHIMS = Path(__file__).parent / "shims"
@@ -43,10 +43,6 @@ READY_TIMEOUT = 30.0
 
 # Twins from this index up belong to test sessions (127.0.0.201 and up), below to developers.
 FIRST_TEST_INDEX = 200
-
-
-class TwinError(RuntimeError):
-    """A twin cannot be started, reached or stopped."""
 
 
 @dataclass(frozen=True)
@@ -364,14 +360,6 @@ def is_up(twin: Twin) -> bool:
     return (twin.dir / "ready").exists() and _alive(pid) and _is_supervisor(pid, twin.dir)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
 def _is_supervisor(pid: int, tdir: Path) -> bool:
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -380,120 +368,7 @@ def _is_supervisor(pid: int, tdir: Path) -> bool:
     return b"twin.supervisor" in cmd and str(tdir).encode() in cmd
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below pid (children, their children...), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def twin_processes(tdir: Path, exclude: Iterable[int] = ()) -> list[int]:
-    """Processes that belong to a twin: chrooted into anything under it, or started with its
-    paths on their command line (its sshd, its guests' LXC monitors)."""
-    prefix = str(tdir.resolve())
-    skip = {os.getpid(), *exclude}
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in skip:
-            continue
-        try:
-            root = os.readlink(entry / "root")
-            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        mine = any(a == prefix or prefix + "/" in a for a in args)
-        if root.startswith(prefix + "/") or mine:
-            pids.append(int(entry.name))
-    return pids
-
-
-def kill_processes(tdir: Path, exclude: Iterable[int] = ()) -> None:
-    for _ in range(20):  # kill until none is left: a dying shell may have just forked
-        pids = [p for p in twin_processes(tdir, exclude) if _alive(p)]
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.02)
-    raise TwinError(f"processes of {tdir} survive SIGKILL: {twin_processes(tdir, exclude)}")
-
-
-def mounts_below(path: Path) -> list[str]:
-    prefix = str(path.resolve()) + "/"
-    points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-    return [p for p in points if p.startswith(prefix) or p == prefix[:-1]]
-
-
-def unmount_below(path: Path) -> None:
-    for _ in range(5):
-        points = mounts_below(path)
-        if not points:
-            return
-        for point in sorted(points, key=len, reverse=True):  # deepest first
-            if subprocess.run(["umount", point], capture_output=True).returncode != 0:
-                subprocess.run(["umount", "-l", point], capture_output=True)
-    if mounts_below(path):
-        raise TwinError(f"cannot unmount {mounts_below(path)}")
-
-
-def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
-    _mount(
-        [
-            *("-t", "overlay", "overlay", "-o"),
-            f"lowerdir={lower},upperdir={upper},workdir={work}",
-            str(target),
-        ]
-    )
-
-
-def mount_volatile(root: Path) -> None:
-    """Fresh /dev and /run for a boot, as devtmpfs and tmpfs are on a real host: nodes and
-    runtime state of the previous boot are gone; the boot recreates what should exist."""
-    for sub in ("dev", "run"):
-        unmount_below(root / sub)
-        _mount(["-t", "tmpfs", "-o", "mode=755,size=64m", f"twin-{sub}", str(root / sub)])
-    rootfs.make_dev(root / "dev")
-    _mount(["--bind", "/dev/pts", str(root / "dev/pts")])  # ptys for interactive shells
-
-
-def _mount(args: list[str]) -> None:
-    res = subprocess.run(["mount", *args], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise TwinError(f"mount {' '.join(args)} failed: {res.stderr.strip()}")
-
-
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
     tmp.write_text(text)
     tmp.rename(path)
-
-
-def wait_port(
-    address: str,
-    port: int = 22,
-    timeout: float = 10.0,
-    alive: subprocess.Popen[bytes] | None = None,
-) -> bool:
-    """Wait until an SSH server greets on address:port (False on timeout or if `alive` exits)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (alive is None or alive.poll() is None):
-        try:
-            with socket.create_connection((address, port), timeout=0.5) as s:
-                if s.recv(4).startswith(b"SSH"):
-                    return True
-        except OSError:
-            time.sleep(0.02)
-    return False

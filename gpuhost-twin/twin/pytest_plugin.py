@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from twin import node
+from twin import node, processes
 
 TOOLS = ("debootstrap", "sshd", "ssh-keygen", "ssh", "lxc-start", "lxc-attach", "mount", "unshare")
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -154,7 +154,7 @@ class TwinHandle(Endpoint):
         self.reconnect()
         t0 = time.monotonic()
         self.run(command)
-        while self.boot_id() == before or not node.wait_port(self.address, 22, timeout=0.5):
+        while self.boot_id() == before or not processes.wait_port(self.address, 22, timeout=0.5):
             if time.monotonic() - t0 > timeout:
                 raise TimeoutError(f"{self.name} did not come back within {timeout} s")
             time.sleep(0.02)

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from twin import guests, node
+from twin import guests, mounts, node, processes
 
 RUN = "run/gpuhost-twin"
 API_PORT = 8006
@@ -52,7 +52,7 @@ class Supervisor:
         with self.lock:
             boot_id = self.root / "proc/sys/kernel/random/boot_id"
             old_id = boot_id.read_text() if boot_id.exists() else ""
-            node.mount_volatile(self.root)
+            mounts.mount_volatile(self.root)
             self.requests.mkdir(parents=True)
             self.seen.clear()
             uptime = self.root / "proc/uptime"
@@ -103,7 +103,7 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 stderr=sshd_log,
             )
-        if not node.wait_port(self.twin.address, 22):
+        if not processes.wait_port(self.twin.address, 22):
             raise node.TwinError(f"sshd of {self.twin.name} does not answer on {self.twin.address}")
 
     def halt(self) -> None:
@@ -116,11 +116,11 @@ class Supervisor:
         if self.sshd is not None:
             # sshd's per-connection monitors run outside the chroot in sessions of their own:
             # kill them too, or an open SSH session would survive the "power cycle".
-            for pid in node.descendants(self.sshd.pid):
+            for pid in processes.descendants(self.sshd.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             self.sshd.kill()
-        node.kill_processes(self.twin.dir)
+        processes.kill_processes(self.twin.dir)
         if self.sshd is not None:
             self.sshd.wait()
             self.sshd = None
