@@ -1,5 +1,5 @@
 """The bootloader's view of the world as the twin's boot reads it: <root>/var/lib/gpuhost-twin/
-bootcfg.json, written by refresh (ESP hosts) and update-grub (GRUB hosts) in twin/boot.py's format
+bootcfg.json, written by refresh (ESP hosts) and update-grub (GRUB hosts) in twin/kernel_choice.py's format
 (see bootloader.py's docstring for the fields and the --next-boot rule)."""
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def write_bootcfg(
     written_by: str,
     grub_default: str | None = None,
 ) -> None:
-    """Record what the bootloader now holds (twin/boot.py's bootcfg.json format)."""
-    kernels = sorted(kernels, key=version_key)  # oldest first: boot.py takes [-1] as newest
+    """Record what the bootloader now holds (twin/kernel_choice.py's bootcfg.json format)."""
+    kernels = sorted(kernels, key=version_key)  # oldest first: the boot takes [-1] as newest
     pin = first_line(root, PINNED_KERNEL_CONF) or None
     next_pin = first_line(root, NEXT_BOOT_PIN) or None
     newest = kernels[-1] if kernels else None
@@ -44,7 +44,7 @@ def write_bootcfg(
         loader_default = bootable(grub_default) or newest
     if _strict_next_boot(root) or not bootable(next_pin):
         default, next_kernel = loader_default, None
-    else:  # boot.py's model: a firmware one-shot entry over the permanent default
+    else:  # kernel_choice.py's model: a firmware one-shot entry over the permanent default
         # (GRUB: the default without the pin snippet is approximated by pin, else newest)
         default, next_kernel = bootable(pin) or newest, next_pin
     _write_json(

@@ -11,7 +11,7 @@ and proxmox-boot-sync (formats.md §5), GRUB's grub-mkconfig (sourcing /etc/defa
 The bootloader's view of the world changes only when Proxmox would write it: `refresh` (ESP hosts,
 also run by update-initramfs through proxmox-boot-sync) and `update-grub` (GRUB hosts, also run by
 `kernel pin/unpin` there). Each writes <root>/var/lib/gpuhost-twin/bootcfg.json in the format
-twin/boot.py defines (see its docstring): "loader", "cmdline" (entry options, without the
+twin/kernel_choice.py defines (see its docstring): "loader", "cmdline" (entry options, without the
 initrd=/BOOT_IMAGE= the loader adds), "kernel_default", "kernel_next", "kernels" (oldest first,
 newest last), "written_by", "written_at"; plus extras the boot may use: "firmware", "loader_default",
 "kernel_pin", "entries" (options per kernel), "initrd" (the initramfs records synced to the ESP;
@@ -20,7 +20,7 @@ null for GRUB, which reads /boot at boot).
 --next-boot, per the source: proxmox-boot-tool writes the one-shot pin into loader.conf `default`
 (systemd-boot) or GRUB_DEFAULT exactly like a permanent pin; only proxmox-boot-cleanup.service on
 the next boot that reaches multi-user undoes it (on_boot()). So a trial kernel that hangs is booted
-again after a power cycle on real hardware. twin/boot.py models a firmware one-shot instead
+again after a power cycle on real hardware. twin/kernel_choice.py models a firmware one-shot instead
 ("kernel_next" falls back to "kernel_default"); "loader_default" says what the loader really holds.
 Set "strict_next_boot": true in var/lib/gpuhost-twin/pve.json to record the real behaviour
 (kernel_default = the trial kernel, kernel_next = null).

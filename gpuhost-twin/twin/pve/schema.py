@@ -8,7 +8,7 @@ enough that the error texts are the ones Proxmox prints, e.g.
     dev0.mode: value does not match the regex pattern
 
 The option tables for containers (pve-container PVE::LXC::Config $confdesc) and VMs (qemu-server
-PVE::QemuServer $confdesc) live in config.py; this module only knows how to check values.
+PVE::QemuServer $confdesc) live in options.py; this module only knows how to check values.
 """
 
 from __future__ import annotations
