@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
 
     if os.geteuid() != 0:
         raise PyinfraError("twins need root (overlay mounts, chroot sshd): run with sudo")
-    running = [t for t in node.list_twins() if node.is_up(t)]
+    # developer twins only (inventory/twin.py's hosts): test sessions' twins (index >= 200) are theirs
+    running = [t for t in node.list_twins() if t.index < node.FIRST_TEST_INDEX and node.is_up(t)]
     if not running:
         print(f"starting a {args.profile} twin...", file=sys.stderr)
         running = node.start_fleet(1, args.profile)
