@@ -9,8 +9,8 @@ gpuhost capture-script > capture.sh                  # the same, as a script to 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from pyinfra.api.exceptions import PyinfraError
@@ -55,32 +55,30 @@ def _capture(args: argparse.Namespace) -> int:
     return 0
 
 
-def _twin(args: argparse.Namespace) -> int:
-    """Start a local twin if none runs, then provision it with the main deploy."""
-    import os
-
-    from twin import driver, node
-
-    if os.geteuid() != 0:
-        raise PyinfraError("twins need root (overlay mounts, chroot sshd): run with sudo")
-    running = [t for t in node.list_twins() if node.is_up(t)]
-    if not running:
-        print(f"starting a {args.profile} twin...", file=sys.stderr)
-        running = node.start_fleet(1, args.profile)
-    twin = running[0]
-    spec, _ = load_inventory(INVENTORY)[twin.name]
-    if args.driver and driver.install(twin, spec.driver.version):
-        print(
-            f"{twin.name}: simulated NVIDIA driver {spec.driver.version} installed", file=sys.stderr
-        )
-    pyinfra = Path(sys.executable).parent / "pyinfra"
-    # --dry without -y: pyinfra then runs change detection and lists what would change
-    command = [str(pyinfra), "--dry" if args.dry else "-y", INVENTORY, "deploys/gpu_host.py"]
-    print(" ".join(command), file=sys.stderr)
-    return subprocess.run(command, cwd=Path(__file__).parents[1]).returncode
+# Subcommands that other distributions add: name = "module:function", called with the
+# subparsers action; gpuhost-twin adds `twin` this way (gpuhost never imports the simulator).
+COMMANDS_GROUP = "gpuhost.commands"
+TWIN_MISSING = (
+    "`gpuhost twin` needs the simulator, gpuhost-twin: from a gpuhost checkout run "
+    "pip install -e ./gpuhost-twin -e '.[dev]'"
+)
 
 
-INVENTORY = "inventory/twin.py"
+def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """The `gpuhost.commands` entry points; without gpuhost-twin, `gpuhost twin` says how to
+    install it."""
+    names = set()
+    for entry in entry_points(group=COMMANDS_GROUP):
+        entry.load()(sub)
+        names.add(entry.name)
+    if "twin" not in names:
+        twin = sub.add_parser("twin", help="provision a local simulated host (needs gpuhost-twin)")
+        twin.set_defaults(run=_twin_missing)
+
+
+def _twin_missing(_: argparse.Namespace) -> int:
+    print(f"gpuhost: {TWIN_MISSING}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,17 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     capture.set_defaults(run=_capture)
     script = sub.add_parser("capture-script", help="print a shell script that saves a snapshot")
     script.set_defaults(run=lambda _: print(capture_script(), end="") or 0)
-    twin = sub.add_parser("twin", help="provision a local simulated host (starts one if needed)")
-    twin.add_argument("--profile", default="kpro6", help="hardware profile of a new twin")
-    twin.add_argument("--dry", action="store_true", help="show the plan and changes only")
-    twin.add_argument(
-        "--no-driver",
-        dest="driver",
-        action="store_false",
-        help="leave the twin without an NVIDIA driver (default: simulate the spec's driver)",
-    )
-    twin.set_defaults(run=_twin)
-    args = parser.parse_args(argv)
+    _add_plugin_commands(sub)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.run is not _twin_missing:  # that one takes any arguments
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.run(args)
     except (PyinfraError, ValueError, FileNotFoundError) as exc:

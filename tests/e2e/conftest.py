@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from twin.hwtesting import ModuleCache, missing_build_tools
-from twin.pytest_plugin import TwinHandle, twin_fleet  # noqa: F401  (fixture)
+from twin.pytest_plugin import TwinHandle
 
 ROOT = Path(__file__).parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -93,7 +93,7 @@ def with_driver(twin: TwinHandle, modules: ModuleCache, version: str) -> str:
 
 
 @pytest.fixture
-def fresh(twin_fleet) -> Iterator:  # noqa: F811
+def fresh(twin_fleet) -> Iterator:
     """A factory of fresh twins of a profile, stopped after the test."""
     started: list[TwinHandle] = []
 

@@ -9,7 +9,7 @@ import errno
 
 import pytest
 
-from twin import node
+from twin import processes
 from twin.pytest_plugin import PVE_DIRS
 
 pytestmark = pytest.mark.twin
@@ -116,7 +116,9 @@ def test_reboot_stops_guests_and_starts_onboot_ones(gpu_twin):
     gpu_twin.reboot()
     assert gpu_twin.run("test -e /dev/nvidia0")[0] == 1  # volatile /dev; no hardware here
     guest = gpu_twin.guest(103)
-    assert node.wait_port(guest.address, 22, timeout=15)  # Proxmox starts onboot CTs after boot
+    assert processes.wait_port(
+        guest.address, 22, timeout=15
+    )  # Proxmox starts onboot CTs after boot
     assert guest.run("head -c1 /dev/zero | od -An -tx1")[1].strip() == "00"
     # CT 101 has no onboot: a host reboot leaves it stopped, and its nodes are gone with /dev.
     assert gpu_twin.request('{"op": "ct-status", "ctid": 101}')[1] == "status: stopped\n"

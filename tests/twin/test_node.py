@@ -7,7 +7,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from twin import node
+from twin import mounts, node, processes
 from twin.pytest_plugin import PVE_DIRS
 
 pytestmark = pytest.mark.twin
@@ -122,7 +122,7 @@ def test_reboot_drops_sessions_and_comes_back(twins, command):
     assert float(text.split()[0]) < max(uptime_before, 1.0) + 1
     assert text.split()[2] == t.boot_id()
     assert rc != 0, "/dev is volatile: a node made before the reboot is gone"
-    assert "sleep" not in [_comm(p) for p in node.twin_processes(t.twin.dir)]
+    assert "sleep" not in [_comm(p) for p in processes.twin_processes(t.twin.dir)]
 
 
 def test_reboot_drops_idle_sessions_too(twins):
@@ -175,10 +175,10 @@ def test_stop_leaves_nothing_behind(twin_fleet):
     live = t.connect()
     live.exec_command("sleep 600")
     tdir = t.twin.dir
-    assert node.mounts_below(tdir) and node.twin_processes(tdir)
+    assert mounts.mounts_below(tdir) and processes.twin_processes(tdir)
     twin_fleet.stop(t)
-    assert node.mounts_below(tdir) == []
-    assert node.twin_processes(tdir) == []
+    assert mounts.mounts_below(tdir) == []
+    assert processes.twin_processes(tdir) == []
     assert not tdir.exists()
     assert t.address not in node.known_hosts().read_text()
     assert t.guest(150).address not in node.known_hosts().read_text()

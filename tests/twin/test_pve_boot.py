@@ -9,7 +9,7 @@ import pytest
 
 from tests.twin.pve_helpers import make_root, run, run_hook
 from twin import pve
-from twin.pve import bootloader as bl
+from twin.pve import boot_functions as bl
 
 OLD, NEW = "6.8.12-9-pve", "6.14.8-2-bpo12-pve"
 TOOL = "proxmox-boot-tool"

@@ -9,6 +9,8 @@ import pytest
 
 from tests.twin.pve_helpers import FIXTURES, fake_node, make_root, write_conf
 from twin.pve import config as cfg
+from twin.pve import lxc_devices
+from twin.pve import options as opts
 from twin.pve.schema import FormatError, PveError, parse_property_string
 
 
@@ -131,7 +133,7 @@ def test_booleans_and_integers_are_normalised_like_check_type() -> None:
 )
 def test_dev_format_errors(value: str, error: str) -> None:
     with pytest.raises(FormatError) as exc:
-        parse_property_string(cfg.DEV_FMT, value, "dev0")
+        parse_property_string(opts.DEV_FMT, value, "dev0")
     assert error in str(exc.value)
 
 
@@ -149,23 +151,23 @@ def test_dev_format_errors(value: str, error: str) -> None:
 )
 def test_hostpci_format(value: str, ok: bool) -> None:
     if ok:
-        parse_property_string(cfg.HOSTPCI_FMT, value)
+        parse_property_string(opts.HOSTPCI_FMT, value)
     else:
         with pytest.raises(FormatError):
-            parse_property_string(cfg.HOSTPCI_FMT, value)
+            parse_property_string(opts.HOSTPCI_FMT, value)
 
 
 @pytest.mark.parametrize("machine", ["q35", "pc-q35-8.1", "pc-q35-8.1+pve0", "pc", "pc-i440fx-9.2"])
 def test_machine_types_accepted(machine: str) -> None:
-    parse_property_string(cfg.MACHINE_FMT, machine)
+    parse_property_string(opts.MACHINE_FMT, machine)
 
 
 def test_read_lxc_gives_devices_and_raw_keys(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     write_conf(root, "lxc", 200, (FIXTURES / "lxc-gpu-200.conf").read_text())
-    conf = cfg.read_lxc(root, 200)
+    conf = lxc_devices.read_lxc(root, 200)
     assert [d.key for d in conf.devices] == ["dev0", "dev1", "dev2", "dev10"]  # numeric order
-    assert conf.devices[0] == cfg.LxcDevice("dev0", "/dev/nvidia0", None, 0, 44, False)
+    assert conf.devices[0] == lxc_devices.LxcDevice("dev0", "/dev/nvidia0", None, 0, 44, False)
     assert conf.devices[2].deny_write is True
     assert conf.hostname == "ct200" and conf.unprivileged and conf.onboot
     assert conf.raw[1] == ("lxc.cgroup2.devices.allow", "c 509:* rwm")
@@ -179,7 +181,7 @@ def test_read_lxc_missing_container(tmp_path: Path) -> None:
     with pytest.raises(
         PveError, match=r"Configuration file 'nodes/pve1/lxc/999.conf' does not exist"
     ):
-        cfg.read_lxc(root, 999)
+        lxc_devices.read_lxc(root, 999)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
@@ -187,7 +189,7 @@ def test_device_rules_use_live_major_minor(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     fake_node(root, "/dev/nvidia0")
     write_conf(root, "lxc", 101, "dev0: /dev/nvidia0,gid=44,deny-write=1\n")
-    (rule,) = cfg.lxc_device_rules(root, cfg.read_lxc(root, 101))
+    (rule,) = lxc_devices.lxc_device_rules(root, lxc_devices.read_lxc(root, 101))
     assert (rule.kind, rule.major, rule.minor, rule.gid, rule.mode) == ("c", 195, 0, 44, 0o660)
     assert rule.cgroup_lines == (
         "lxc.cgroup2.devices.allow = c 195:0 r",
@@ -195,8 +197,8 @@ def test_device_rules_use_live_major_minor(tmp_path: Path) -> None:
     )
     write_conf(root, "lxc", 102, "dev0: /dev/nvidia-uvm\n")
     with pytest.raises(PveError, match="Device /dev/nvidia-uvm does not exist"):
-        cfg.lxc_device_rules(root, cfg.read_lxc(root, 102))
+        lxc_devices.lxc_device_rules(root, lxc_devices.read_lxc(root, 102))
     fake_node(root, "/dev/plainfile", char=False)
     write_conf(root, "lxc", 103, "dev0: /dev/plainfile\n")
     with pytest.raises(PveError, match="/dev/plainfile is not a device"):
-        cfg.lxc_device_rules(root, cfg.read_lxc(root, 103))
+        lxc_devices.lxc_device_rules(root, lxc_devices.read_lxc(root, 103))

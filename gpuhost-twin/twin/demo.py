@@ -1,0 +1,61 @@
+"""`gpuhost twin`: start a local twin if none runs, then provision it with the main deploy.
+
+gpuhost-twin registers this as a gpuhost subcommand (entry-point group `gpuhost.commands`);
+gpuhost itself never imports the simulator. It runs the deploy of the gpuhost checkout it finds
+(inventory/twin.py, deploys/gpu_host.py) with the pyinfra next to the running python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+INVENTORY = "inventory/twin.py"
+
+
+def add_command(sub: Any) -> argparse.ArgumentParser:
+    """Add `twin` to gpuhost's subcommands (sub: argparse's subparsers action)."""
+    twin = sub.add_parser("twin", help="provision a local simulated host (starts one if needed)")
+    twin.add_argument("--profile", default="kpro6", help="hardware profile of a new twin")
+    twin.add_argument("--dry", action="store_true", help="show the plan and changes only")
+    twin.add_argument(
+        "--no-driver",
+        dest="driver",
+        action="store_false",
+        help="leave the twin without an NVIDIA driver (default: simulate the spec's driver)",
+    )
+    twin.set_defaults(run=run)
+    return twin
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start a local twin if none runs, then provision it with the main deploy."""
+    from pyinfra.api.exceptions import PyinfraError
+
+    import gpuhost
+    from gpuhost.inventory import load_inventory
+    from twin import driver, node
+
+    if os.geteuid() != 0:
+        raise PyinfraError("twins need root (overlay mounts, chroot sshd): run with sudo")
+    # developer twins only (inventory/twin.py's hosts): test sessions' twins (index >= 200) are theirs
+    running = [t for t in node.list_twins() if t.index < node.FIRST_TEST_INDEX and node.is_up(t)]
+    if not running:
+        print(f"starting a {args.profile} twin...", file=sys.stderr)
+        running = node.start_fleet(1, args.profile)
+    twin = running[0]
+    checkout = Path(gpuhost.__file__).resolve().parents[1]
+    spec, _ = load_inventory(INVENTORY)[twin.name]
+    if args.driver and driver.install(twin, spec.driver.version):
+        print(
+            f"{twin.name}: simulated NVIDIA driver {spec.driver.version} installed", file=sys.stderr
+        )
+    pyinfra = Path(sys.executable).parent / "pyinfra"
+    # --dry without -y: pyinfra then runs change detection and lists what would change
+    command = [str(pyinfra), "--dry" if args.dry else "-y", INVENTORY, "deploys/gpu_host.py"]
+    print(" ".join(command), file=sys.stderr)
+    return subprocess.run(command, cwd=checkout).returncode

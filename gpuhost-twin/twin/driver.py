@@ -1,0 +1,52 @@
+"""Give a running twin an installed NVIDIA driver: real tiny .ko files for its booted kernel
+and GSP firmware, as a host whose driver was installed earlier has. Then boot it.
+
+The real NVIDIA module cannot be built here (feasibility.md); these modules carry the version,
+vermagic and compiler of a real build, which is all the simulated kernel checks.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from twin import node, processes
+from twin.modbuild import ModuleCache
+
+
+def ssh(twin: node.Twin, command: str) -> str:
+    run = subprocess.run(
+        ["ssh", "-F", str(node.ssh_config()), f"root@{twin.address}", command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if run.returncode != 0:
+        raise node.TwinError(f"{twin.name}: {command!r} failed: {run.stderr.strip()}")
+    return run.stdout
+
+
+def reboot(twin: node.Twin, timeout: float = 60.0) -> None:
+    """Reboot from inside and wait until the twin answers SSH with a new boot id."""
+    boot_id = twin.root / "proc/sys/kernel/random/boot_id"
+    before = boot_id.read_text()
+    subprocess.run(
+        ["ssh", "-F", str(node.ssh_config()), f"root@{twin.address}", "reboot"],
+        capture_output=True,
+        timeout=30,
+    )
+    deadline = time.monotonic() + timeout
+    while boot_id.read_text() == before or not processes.wait_port(twin.address, 22, timeout=0.5):
+        if time.monotonic() > deadline:
+            raise node.TwinError(f"{twin.name} did not come back within {timeout} s")
+        time.sleep(0.05)
+
+
+def install(twin: node.Twin, version: str, cache: ModuleCache | None = None) -> bool:
+    """Install driver ``version`` for the booted kernel unless present; reboot. True if it did."""
+    kver = ssh(twin, "uname -r").strip()
+    if (twin.root / f"lib/firmware/nvidia/{version}").is_dir():
+        return False
+    (cache or ModuleCache()).install(twin.root, kver, version=version)
+    reboot(twin)
+    return True

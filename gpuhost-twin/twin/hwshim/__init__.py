@@ -1,0 +1,39 @@
+"""Hardware-facing tools of the twin, stdlib only; one entry per tool: main(tool, argv) -> exit code.
+
+Installed as the package /usr/lib/gpuhost-twin/hwshim next to the hwsim package; each tool is a
+three-line wrapper (see hardware.py). $TWIN_ROOT (default "/") is the machine's root.
+
+One module per tool family: nvidia_smi (+ smi_text), lspci, kmod (lsmod, modprobe, modinfo,
+depmod), nvidia_modprobe, kernel (uname, dmesg); common holds what they share.
+"""
+
+from __future__ import annotations
+
+from .common import hwsim, root
+from .kernel import dmesg, uname
+from .kmod import depmod, lsmod, modinfo, modprobe
+from .lspci import lspci
+from .nvidia_modprobe import nvidia_modprobe
+from .nvidia_smi import nvidia_smi
+
+TOOLS = {
+    "nvidia-smi": nvidia_smi,
+    "dmesg": dmesg,
+    "lspci": lspci,
+    "lsmod": lsmod,
+    "modprobe": modprobe,
+    "modinfo": modinfo,
+    "depmod": depmod,
+    "nvidia-modprobe": nvidia_modprobe,
+    "uname": uname,
+}
+
+
+MUTATING = ("modprobe", "nvidia-modprobe")
+
+
+def main(tool: str, argv: list[str]) -> int:
+    if tool in MUTATING:
+        with hwsim.locked(root()):
+            return TOOLS[tool](argv)
+    return TOOLS[tool](argv)

@@ -1,0 +1,276 @@
+"""Loading and unloading kernel modules (what modprobe asks of the kernel): modprobe.d and the
+kernel command line, finding the .ko, the kernel's refusals (vermagic, toolchain, GSP firmware),
+parameters, and what a load does (nvidia binds GPUs, vfio-pci takes its ids)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .catalog import IN_TREE, NVIDIA_DEPS, UVM_PARAMS
+from .kofile import gcc_release, ko_info, norm
+from .machine import Machine
+
+
+class KernelModules(Machine):
+    """Module loading rules of the simulated kernel (a part of Hw)."""
+
+    def modprobe_conf(self, texts: dict[str, str] | None = None) -> dict:
+        """options/blacklist/softdep/install from modprobe.d (+ the kernel command line).
+
+        texts: {path: content} of modprobe.d files to use instead of the root's (an initramfs).
+        """
+        if texts is None:
+            texts = {}
+            for d in ("lib/modprobe.d", "usr/lib/modprobe.d", "run/modprobe.d", "etc/modprobe.d"):
+                for f in sorted(self.p(d).glob("*.conf")) if self.p(d).is_dir() else []:
+                    texts[f"/{d}/{f.name}"] = f.read_text(errors="replace")
+        files: dict[str, str] = {}
+        for path, text in texts.items():  # later directories override same-named files, like kmod
+            files[path.rsplit("/", 1)[-1]] = text
+        conf: dict = {"options": {}, "blacklist": set(), "softdep": {}, "install": {}}
+        for name in sorted(files):
+            text = files[name].replace("\\\n", " ")
+            for raw in text.splitlines():
+                words = raw.split("#", 1)[0].split()
+                if len(words) < 2:
+                    continue
+                verb, mod = words[0], norm(words[1])
+                if verb == "options":
+                    conf["options"].setdefault(mod, []).extend(words[2:])
+                elif verb == "blacklist":
+                    conf["blacklist"].add(mod)
+                elif verb == "install":
+                    conf["install"][mod] = " ".join(words[2:])
+                elif verb == "softdep":
+                    pre, post, where = [], [], None
+                    for w in words[2:]:
+                        if w in ("pre:", "post:"):
+                            where = pre if w == "pre:" else post
+                        elif where is not None:
+                            where.append(norm(w))
+                    old = conf["softdep"].get(mod, ([], []))
+                    conf["softdep"][mod] = (old[0] + pre, old[1] + post)
+        for word in self.state.get("cmdline", "").split():
+            key, _, value = word.partition("=")
+            if key == "modprobe.blacklist":
+                conf["blacklist"].update(norm(m) for m in value.split(","))
+            elif "." in key and value and not key.startswith(("iommu", "pci")):
+                mod, _, param = key.partition(".")
+                conf["options"].setdefault(norm(mod), []).append(f"{param}={value}")
+        return conf
+
+    def find_ko(self, name: str, kver: str | None = None) -> Path | None:
+        """A real .ko for name under /lib/modules/<kver> (updates/ > extra/ > the rest)."""
+        base = self.p(f"lib/modules/{kver or self.kernel}")
+        if not base.is_dir():
+            return None
+        hits = [f for f in base.rglob("*.ko") if norm(f.stem) == norm(name)]
+        order = ("updates", "extra")
+
+        def rank(f: Path) -> tuple[int, str]:
+            top = f.relative_to(base).parts[0]
+            return (order.index(top) if top in order else len(order), str(f))
+
+        return min(hits, key=rank) if hits else None
+
+    def module_exists(self, name: str, kver: str | None = None) -> bool:
+        kver = kver or self.kernel
+        return (norm(name) in IN_TREE and self.p(f"lib/modules/{kver}").is_dir()) or bool(
+            self.find_ko(name, kver)
+        )
+
+    def load(
+        self,
+        name: str,
+        params: list[str] | None = None,
+        conf: dict | None = None,
+        _stack: tuple[str, ...] = (),
+    ) -> tuple[bool, str]:
+        """modprobe <name> [params]: (ok, modprobe-style error). Updates state, not the views."""
+        name = norm(name)
+        conf = conf if conf is not None else self.modprobe_conf()
+        if self.loaded(name) or name in _stack:
+            return True, ""
+        install = conf["install"].get(name)
+        if install and install.split()[0] in ("/bin/false", "/usr/bin/false", "false"):
+            return False, (
+                "modprobe: ERROR: ../libkmod/libkmod-module.c:1013 command_do() Error running"
+                f" install command '{install}' for module {name}: retcode 1\n"
+                f"modprobe: ERROR: could not insert '{name}': Invalid argument"
+            )
+        kver = self.kernel
+        ko = None if name in IN_TREE else self.find_ko(name)
+        if name not in IN_TREE and ko is None:
+            return (
+                False,
+                f"modprobe: FATAL: Module {name} not found in directory /lib/modules/{kver}",
+            )
+        if name in IN_TREE and not self.p(f"lib/modules/{kver}").is_dir():
+            return (
+                False,
+                f"modprobe: FATAL: Module {name} not found in directory /lib/modules/{kver}",
+            )
+        pre, post = conf["softdep"].get(name, ([], []))
+        for dep in pre:
+            self.load(dep, None, conf, (*_stack, name))
+        info = ko_info(ko) if ko else {}
+        deps = IN_TREE[name]["deps"] if name in IN_TREE else list(NVIDIA_DEPS.get(name, []))
+        deps += [norm(d) for d in info.get("depends", "").split(",") if d and norm(d) not in deps]
+        for dep in deps:
+            ok, err = self.load(dep, None, conf, (*_stack, name))
+            if not ok:
+                return False, err
+        if ko is not None:
+            refused = self._refuse(name, ko, info)
+            if refused:
+                return False, refused
+        values = dict(IN_TREE[name]["params"]) if name in IN_TREE else {}
+        if name == "nvidia_uvm":
+            values = dict(UVM_PARAMS)
+        given = conf["options"].get(name, []) + list(params or [])
+        for word in given:
+            key, _, value = word.partition("=")
+            if key in values or name == "nvidia":
+                values[key] = _param_value(values.get(key, ""), value)
+            else:
+                self.klog(f"{name}: unknown parameter '{key}' ignored")
+        record = {
+            "path": str(ko.relative_to(self.root)) if ko else IN_TREE[name]["path"],
+            "params": values,
+            "deps": deps,
+            "version": info.get("version", ""),
+            "license": info.get("license", "GPL"),
+            "intree": ko is None,
+        }
+        if ko is not None and not self.state.get("tainted"):  # the kernel says it once
+            self.state["tainted"] = True
+            self.klog(f"{name}: loading out-of-tree module taints kernel.")
+            self.klog(
+                f"{name}: module verification failed: signature and/or required key missing"
+                " - tainting kernel"
+            )
+        self.modules()[name] = record
+        ok, err = self._on_load(name, record)
+        if not ok:
+            del self.modules()[name]
+            return False, err
+        for dep in post:
+            self.load(dep, None, conf, (*_stack, name))
+        return True, ""
+
+    def _refuse(self, name: str, ko: Path, info: dict) -> str:
+        """Why the kernel refuses this real .ko, as modprobe would print it; '' if it loads."""
+        kinfo = self.kernel_info(self.kernel)
+        why = ""
+        if info.get("vermagic", "").split() != kinfo["vermagic"].split():
+            self.klog(
+                f"{name}: version magic '{info.get('vermagic', '')}' should be"
+                f" '{kinfo['vermagic']} '"
+            )
+            why = f"vermagic {info.get('vermagic', '').strip()!r} != {kinfo['vermagic']!r}"
+            err = "Exec format error"
+        elif gcc_release(info["comment"]) != gcc_release(kinfo["gcc"]):
+            # A real kernel would not say it; the host bricked instead (domain.md). The twin
+            # refuses loudly so the toolchain rule is testable.
+            self.klog(
+                f"{name}: twin: module built by {info['comment'] or 'an unknown compiler'} but"
+                f" the kernel by {kinfo['gcc']}; refusing mismatched toolchain"
+            )
+            why = f"GCC {gcc_release(info['comment'])} != kernel GCC {gcc_release(kinfo['gcc'])}"
+            err = "Exec format error"
+        elif name == "nvidia" and not self._gsp_firmware(info.get("version", "")):
+            self.klog("NVRM: RmFetchGspRmImages: No firmware image found")
+            self.klog(
+                f"NVRM: request_firmware failed for nvidia/{info.get('version', '')}/gsp_*.bin"
+            )
+            self.klog("NVRM: None of the NVIDIA devices were initialized.")
+            why = f"no GSP firmware /lib/firmware/nvidia/{info.get('version', '')}/gsp_*.bin"
+            err = "No such device"
+        else:
+            return ""
+        if name == "nvidia":
+            self.state["nvidia"] = {
+                "loaded": False,
+                "reason": why,
+                "ko": str(ko.relative_to(self.root)),
+            }
+        return f"modprobe: ERROR: could not insert '{name}': {err}"
+
+    def _gsp_firmware(self, version: str) -> bool:
+        fw = self.p(f"lib/firmware/nvidia/{version}")
+        return fw.is_dir() and any(fw.glob("gsp_*.bin"))
+
+    def _on_load(self, name: str, record: dict) -> tuple[bool, str]:
+        if name == "nvidia":
+            return self._load_nvidia(record)
+        if name == "nvidia_uvm":
+            self.major("nvidia-uvm")
+        if name == "vfio_pci":
+            ids = record["params"].get("ids", "")
+            self.bind_all("vfio-pci", ids=[i for i in ids.split(",") if i])
+        if name == "kvm_amd" and self.state.get("sev_snp_active"):
+            record["params"]["sev_snp"] = "Y"
+        return True, ""
+
+    def _load_nvidia(self, record: dict) -> tuple[bool, str]:
+        version = record["version"]
+        self.klog(
+            f"nvidia-nvlink: Nvlink Core is being initialized, major device number"
+            f" {self.profile['nvidia']['fixed_majors'].get('nvidia-nvlink', 240)}"
+        )
+        open_module = "MIT" in record["license"]
+        flavour = (
+            "NVIDIA UNIX Open Kernel Module for x86_64"
+            if open_module
+            else ("NVIDIA UNIX x86_64 Kernel Module")
+        )
+        self.klog(
+            f"NVRM: loading {flavour}  {version}  Release Build  {self.profile['nvidia']['build_tag']}"
+        )
+        self.state["nvidia"] = {
+            "loaded": True,
+            "reason": "",
+            "version": version,
+            "open": open_module,
+            "ko": record["path"],
+        }
+        bound = self.bind_all("nvidia")
+        if not bound and not any(b == "nvidia" for b in self.state.get("bindings", {}).values()):
+            self.klog("NVRM: No NVIDIA GPU found.")
+            self.state["nvidia"] = {
+                "loaded": False,
+                "reason": "no GPU left for nvidia (all bound elsewhere)",
+                "ko": record["path"],
+            }
+            return False, "modprobe: ERROR: could not insert 'nvidia': No such device"
+        self.major("nvidia-caps")
+        if any(g["persistence_mode"] for g in self.gpus()):
+            self.klog(
+                "NVRM: Persistence mode is deprecated and will be removed in a future release."
+                " Please use nvidia-persistenced instead."
+            )
+        return True, ""
+
+    def unload(self, name: str) -> tuple[bool, str]:
+        name = norm(name)
+        if not self.loaded(name):
+            return True, ""
+        users = [m for m, r in self.modules().items() if name in r["deps"]]
+        if users:
+            return False, f"modprobe: FATAL: Module {name} is in use."
+        del self.modules()[name]
+        driver = {"nvidia": "nvidia", "vfio_pci": "vfio-pci"}.get(name)
+        if driver:
+            for bdf, drv in list(self.state.get("bindings", {}).items()):
+                if drv == driver:
+                    self.state["bindings"][bdf] = None
+        if name == "nvidia":
+            self.state["nvidia"] = {"loaded": False, "reason": "unloaded (modprobe -r)"}
+        return True, ""
+
+
+def _param_value(old: str, value: str) -> str:
+    """Booleans read back as Y/N from /sys/module, like the kernel's param_get_bool."""
+    if old in ("Y", "N"):
+        return "Y" if value.lower() in ("1", "y", "yes", "on", "true") else "N"
+    return value

@@ -1,0 +1,181 @@
+"""PCI devices in sysfs: the tree and IOMMU groups at boot, which driver binds which device
+(driver_override first, like the kernel), and the bind/unbind/drivers_probe control files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import TYPE_CHECKING
+
+from .catalog import BRIDGE_DRIVER
+from .kofile import norm
+from .machine import Machine
+
+if TYPE_CHECKING:
+    from . import Hw
+
+
+class PciBinding(Machine):
+    """Driver binding per BDF (a part of Hw)."""
+
+    def driver_override(self, bdf: str) -> str | None:
+        f = self.p(f"sys/bus/pci/devices/{bdf}/driver_override")
+        value = f.read_text().strip() if f.exists() else "(null)"
+        return None if value in ("", "(null)") else value
+
+    def bind_all(self, driver: str, ids: list[str] | None = None) -> list[str]:
+        """Probe every unbound device the driver may take (driver_override first, like the kernel)."""
+        bindings = self.state.setdefault("bindings", {})
+        bound = []
+        for bdf, dev in sorted(self.devices().items()):
+            if bindings.get(bdf):
+                continue
+            override = self.driver_override(bdf)
+            if override is not None:
+                wants = override == driver
+            elif driver == "nvidia":
+                wants = dev["vendor"] == "10de" and dev["class"].startswith("03")
+            elif driver == "vfio-pci":
+                wants = f"{dev['vendor']}:{dev['device']}" in (ids or [])
+            else:
+                wants = dev.get("driver") == driver
+            if not wants:
+                continue
+            if driver == "vfio-pci" and not self._group_of(bdf):
+                self.klog(f"vfio-pci: probe of {bdf} failed with error -22")
+                continue
+            if driver == "nvidia" and not self._nvidia_probe(bdf, dev):
+                continue
+            bindings[bdf] = driver
+            bound.append(bdf)
+        return bound
+
+    def _nvidia_probe(self, bdf: str, dev: dict) -> bool:
+        gpu = next((g for g in self.gpus() if g["bdf"] == bdf), None)
+        if gpu is None:
+            return False
+        if gpu["architecture"] == "Blackwell" and not self.state["nvidia"].get("open"):
+            self.klog(
+                f"NVRM: The NVIDIA GPU {bdf} (PCI ID: {dev['vendor']}:{dev['device']})\n"
+                "NVRM: installed in this system requires use of the NVIDIA open kernel modules."
+            )
+            return False
+        failed = self.state.setdefault("gpu_failed", {})
+        failed.pop(bdf, None)
+        if gpu.get("fsp_fails_on_identity") and self.group_type(bdf) == "identity":
+            # The device stays bound (probe succeeds); RM init fails, so NVML cannot see it.
+            self.klog(f"NVRM: GPU {bdf}: kfspWaitForSecureBoot_GH100: FSP boot failed, error 0x177")
+            self.klog(f"NVRM: GPU {bdf}: RmInitAdapter failed! (0x62:0x177:2131)")
+            failed[bdf] = "FSP boot failed (error 0x177) under an identity IOMMU domain"
+        return True
+
+    def _group_of(self, bdf: str) -> int | None:
+        return self.state.get("groups", {}).get(bdf)
+
+    def group_type(self, bdf: str) -> str | None:
+        group = self._group_of(bdf)
+        if group is None:
+            return None
+        f = self.p(f"sys/kernel/iommu_groups/{group}/type")
+        return f.read_text().strip() if f.exists() else self.state.get("iommu_domain")
+
+
+def sysfs_path(devices: dict[str, dict], bdf: str) -> str:
+    """sys/devices/pci<dom>:<bus>/<upstream bridges...>/<bdf>, following parent links."""
+    chain = [bdf]
+    while devices[chain[-1]].get("parent"):
+        chain.append(devices[chain[-1]]["parent"])
+    chain.reverse()
+    return f"sys/devices/pci{chain[0][:7]}/" + "/".join(chain)
+
+
+def layout_pci(hw: Hw) -> None:
+    """Fresh PCI sysfs: device dirs, bus links, IOMMU groups; bridges bound to pcieport."""
+    for tree in ("sys/bus/pci", "sys/kernel/iommu_groups"):
+        shutil.rmtree(hw.p(tree), ignore_errors=True)
+    for top in hw.p("sys/devices").glob("pci*") if hw.p("sys/devices").is_dir() else []:
+        shutil.rmtree(top)
+    devices = hw.devices()
+    groups = hw.state.get("groups", {})
+    paths = {bdf: sysfs_path(devices, bdf) for bdf in devices}
+    hw.state["sysfs_paths"] = paths
+    bus_devices = hw.p("sys/bus/pci/devices")
+    bus_devices.mkdir(parents=True)
+    for ctl in ("drivers_probe", "rescan"):
+        hw.write(f"sys/bus/pci/{ctl}", "", 0o200)
+    bindings = hw.state.setdefault("bindings", {})
+    for bdf, dev in sorted(devices.items()):
+        d = paths[bdf]
+        cls = dev["class"]
+        modalias = (
+            f"pci:v0000{dev['vendor']}d0000{dev['device']}sv0000{dev['subsystem_vendor']}"
+            f"sd0000{dev['subsystem_device']}bc{cls[:2]}sc{cls[2:4]}i{cls[4:]}"
+        ).upper()
+        devdir = hw.p(d)
+        devdir.mkdir(parents=True, exist_ok=True)
+        for name, value in (
+            ("vendor", f"0x{dev['vendor']}"),
+            ("device", f"0x{dev['device']}"),
+            ("class", f"0x{cls}"),
+            ("subsystem_vendor", f"0x{dev['subsystem_vendor']}"),
+            ("subsystem_device", f"0x{dev['subsystem_device']}"),
+            ("revision", f"0x{dev['revision']}"),
+            ("numa_node", str(dev["numa_node"])),
+            ("irq", str(dev["irq"])),
+            ("modalias", modalias.replace("PCI:", "pci:")),
+            ("enable", "1"),
+            ("driver_override", "(null)"),
+        ):
+            (devdir / name).write_text(value + "\n")  # a fresh tree: no need for atomic writes
+        for ctl in ("remove", "rescan", "reset"):
+            (devdir / ctl).write_text("")
+        os.symlink(os.path.relpath(devdir, bus_devices), bus_devices / bdf)
+        group = groups.get(bdf)
+        if group is not None:
+            gdir = hw.p(f"sys/kernel/iommu_groups/{group}")
+            (gdir / "devices").mkdir(parents=True, exist_ok=True)
+            if not (gdir / "type").exists():
+                hw.write(f"sys/kernel/iommu_groups/{group}/type", hw.state["iommu_domain"] + "\n")
+            os.symlink(os.path.relpath(gdir, devdir), devdir / "iommu_group")
+            os.symlink(os.path.relpath(devdir, gdir / "devices"), gdir / "devices" / bdf)
+        bindings[bdf] = BRIDGE_DRIVER if dev.get("driver") == BRIDGE_DRIVER else None
+
+
+def _apply_sysfs_writes(hw: Hw) -> bool:
+    """Apply what was written to the plain sysfs control files (bind/unbind/drivers_probe).
+
+    The files are plain, so nothing reacts to a write by itself: the plumbing calls this after
+    commands (or periodically); each control file is emptied once applied. True if anything changed.
+    """
+    changed = False
+    drivers = hw.p("sys/bus/pci/drivers")
+    bindings = hw.state.setdefault("bindings", {})
+    requests: list[tuple[str, str, str]] = []
+    for ddir in sorted(drivers.iterdir()) if drivers.is_dir() else []:
+        for ctl in ("unbind", "bind"):
+            f = ddir / ctl
+            text = f.read_text() if f.exists() else ""
+            requests += [(ctl, ddir.name, bdf) for bdf in text.split()]
+            if text:
+                f.write_text("")
+    probe = hw.p("sys/bus/pci/drivers_probe")
+    probes = probe.read_text().split() if probe.exists() else []
+    if probes:
+        probe.write_text("")
+    for ctl, driver, bdf in requests:
+        if bdf not in bindings:
+            continue
+        if ctl == "unbind" and bindings[bdf] == driver:
+            bindings[bdf], changed = None, True
+        elif ctl == "bind" and bindings[bdf] is None:
+            override = hw.driver_override(bdf)
+            if (override in (None, driver) and hw.loaded(norm(driver))) or driver == BRIDGE_DRIVER:
+                bindings[bdf], changed = driver, True
+    for bdf in probes:
+        override = hw.driver_override(bdf)
+        if bdf in bindings and bindings[bdf] is None and override and hw.loaded(norm(override)):
+            bindings[bdf], changed = override, True
+    if changed:
+        hw.write_views()
+        hw.save()
+    return changed

@@ -1,0 +1,230 @@
+"""The kernel's views of the simulated state: /proc/modules, /proc/devices (with this boot's
+dynamic majors), /sys/module, driver links in /sys/bus/pci, /proc/driver/nvidia, /dev/nvidia*."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+
+from .catalog import (
+    DEFAULT_BLOCK,
+    DEFAULT_CHAR,
+    DYNAMIC_MAJORS,
+    IN_TREE,
+    NVIDIA_ADDRS,
+    NVIDIA_PARAMS,
+    NVIDIA_SIZES,
+)
+from .kofile import gcc_release, ko_info
+from .machine import Machine, gpu_uuid, mknod
+
+
+class KernelViews(Machine):
+    """Writes what the kernel shows of the state (a part of Hw)."""
+
+    def major(self, name: str) -> int:
+        """This boot's dynamic major for name, never the previous boot's (like a reordered boot)."""
+        majors = self.state.setdefault("majors", {})
+        if name in majors:
+            return majors[name]
+        fixed = self.profile["nvidia"]["fixed_majors"]
+        used = {int(line.split()[0]) for line in self.char_base()} | set(fixed.values())
+        used |= set(majors.values()) | {195}
+        previous = self.state.get("previous_majors", {})
+        wanted = self.profile["nvidia"].get("first_boot_majors", {}).get(name)
+        if self.state.get("boot_count", 1) == 1 and wanted and wanted not in used:
+            majors[name] = wanted
+            return wanted
+        rng = random.Random(f"{self.state.get('boot_id', '')}/{name}")
+        free = [m for m in DYNAMIC_MAJORS if m not in used and m != previous.get(name)]
+        majors[name] = rng.choice(free[:12])  # the high end of the range, where the kernel looks
+        return majors[name]
+
+    def char_base(self) -> list[str]:
+        return self.profile.get("char_devices") or DEFAULT_CHAR
+
+    def write_views(self) -> None:
+        self.write_proc_modules()
+        self.write_proc_devices()
+        self.write_sys_modules()
+        self.write_bindings()
+        self.write_driver_nvidia()
+        self.write_dev_nodes()
+
+    def write_proc_modules(self) -> None:
+        lines = []
+        addr = 0xFFFFFFFFC1000000
+        for name, rec in reversed(list(self.modules().items())):  # newest first, like the kernel
+            users = [m for m, r in self.modules().items() if name in r["deps"]]
+            size = NVIDIA_SIZES.get(name) or IN_TREE.get(name, {}).get("size") or 16384
+            at = NVIDIA_ADDRS.get(name, addr)
+            addr += (size + 0xFFF) & ~0xFFF
+            taint = "" if rec["intree"] else " (OE)"
+            used = ",".join(users) + "," if users else "-"
+            lines.append(f"{name} {size} {len(users)} {used} Live 0x{at:016x}{taint}")
+        self.write("proc/modules", "".join(line + "\n" for line in lines), 0o444)
+
+    def write_proc_devices(self) -> None:
+        chars = [(int(m), n) for m, n in (line.split(None, 1) for line in self.char_base())]
+        majors = self.state.get("majors", {})
+        fixed = self.profile["nvidia"]["fixed_majors"]
+        if self.loaded("nvidia"):
+            chars += [(195, "nvidia"), (195, "nvidiactl"), (majors["nvidia-caps"], "nvidia-caps")]
+            chars += [(m, n) for n, m in fixed.items()]
+        if self.loaded("nvidia_uvm"):
+            chars.append((majors["nvidia-uvm"], "nvidia-uvm"))
+        chars.sort(key=lambda c: c[0])  # stable: same-major entries keep their order
+        blocks = [
+            line.split(None, 1) for line in self.profile.get("block_devices") or DEFAULT_BLOCK
+        ]
+        text = "Character devices:\n" + "".join(f"{m:3d} {n}\n" for m, n in chars)
+        text += "\nBlock devices:\n" + "".join(f"{int(m):3d} {n}\n" for m, n in blocks)
+        self.write("proc/devices", text, 0o444)
+
+    def write_sys_modules(self) -> None:
+        top = self.p("sys/module")
+        for d in top.iterdir() if top.is_dir() else []:
+            if d.name not in self.modules():
+                shutil.rmtree(d)
+        for name, rec in self.modules().items():
+            d = f"sys/module/{name}"
+            self.write(f"{d}/initstate", "live\n", 0o444)
+            self.write(
+                f"{d}/refcnt", f"{sum(name in r['deps'] for r in self.modules().values())}\n"
+            )
+            if rec["version"]:
+                self.write(f"{d}/version", rec["version"] + "\n", 0o444)
+            if not rec["intree"]:
+                self.write(f"{d}/taint", "OE\n", 0o444)
+            for key, value in rec["params"].items() if name != "nvidia" else []:
+                # nvidia's NVreg_* parameters have mode 0: no files (module_params.out).
+                self.write(f"{d}/parameters/{key}", f"{value}\n", 0o444)
+
+    def write_bindings(self) -> None:
+        drivers = self.p("sys/bus/pci/drivers")
+        for d in drivers.iterdir() if drivers.is_dir() else []:
+            for link in d.iterdir():
+                if link.is_symlink():
+                    link.unlink()
+        bindings = self.state.get("bindings", {})
+        for bdf in self.devices():
+            devdir = self.p(self.state["sysfs_paths"][bdf])
+            link = devdir / "driver"
+            if link.is_symlink():
+                link.unlink()
+            driver = bindings.get(bdf)
+            if not driver:
+                continue
+            ddir = drivers / driver
+            ddir.mkdir(parents=True, exist_ok=True)
+            for ctl in ("bind", "unbind", "new_id", "remove_id"):
+                if not (ddir / ctl).exists():
+                    (ddir / ctl).write_text("")
+            os.symlink(os.path.relpath(ddir, devdir), link)
+            os.symlink(os.path.relpath(devdir, ddir), ddir / bdf)
+
+    def nvidia_gpus(self) -> list[dict]:
+        """GPUs bound to nvidia, in PCI order, each with its device minor."""
+        bindings = self.state.get("bindings", {})
+        out = []
+        for gpu in sorted(self.gpus(), key=lambda g: g["bdf"]):
+            if bindings.get(gpu["bdf"]) == "nvidia":
+                out.append(
+                    dict(
+                        gpu,
+                        minor=len(out),
+                        uuid=gpu_uuid(gpu),
+                        failed=self.state.get("gpu_failed", {}).get(gpu["bdf"]),
+                    )
+                )
+        return out
+
+    def write_driver_nvidia(self) -> None:
+        for d in ("proc/driver/nvidia", "proc/driver/nvidia-caps", "proc/driver/nvidia-uvm"):
+            shutil.rmtree(self.p(d), ignore_errors=True)
+        if not self.loaded("nvidia"):
+            return
+        nv = self.state["nvidia"]
+        flavour = (
+            "NVIDIA UNIX Open Kernel Module for x86_64"
+            if nv.get("open")
+            else "NVIDIA UNIX x86_64 Kernel Module"
+        )
+        ko = ko_info(self.p(nv["ko"]))
+        gcc = gcc_release(ko["comment"]) or "unknown"
+        distro = ko["comment"].split("(", 1)[1].rsplit(")", 1)[0] if "(" in ko["comment"] else ""
+        self.write(
+            "proc/driver/nvidia/version",
+            f"NVRM version: {flavour}  {nv['version']}  Release Build  "
+            f"{self.profile['nvidia']['build_tag']}\n"
+            f"GCC version:  gcc version {gcc} ({distro}) \n",
+            0o444,
+        )
+        overrides = {}
+        for word in self.modules()["nvidia"]["params"]:
+            if word.startswith("NVreg_"):
+                overrides[word[len("NVreg_") :]] = self.modules()["nvidia"]["params"][word]
+        lines = []
+        for key, value in NVIDIA_PARAMS:
+            if key == "NvLinkDisable" and not self.profile["nvidia"]["nvlink_links"]:
+                value = "1"  # h200x1 capture: a lone GPU without NVLink peers reads 1
+            lines.append(f"{key}: {overrides.get(key, value)}\n")
+        self.write("proc/driver/nvidia/params", "".join(lines), 0o444)
+        self.write("proc/driver/nvidia/registry", 'Binary: ""\n', 0o644)
+        for name in ("suspend", "suspend_depth"):
+            self.write(f"proc/driver/nvidia/{name}", "", 0o644)
+        for name in ("patches/README", "warnings/README"):
+            self.write(f"proc/driver/nvidia/{name}", "", 0o444)
+        for name in ("mig-minors", "nvlink-minors", "sys-minors"):
+            self.write(f"proc/driver/nvidia-caps/{name}", "", 0o444)
+        self.write("proc/driver/nvidia/capabilities/fabric-imex-mgmt", "", 0o444)
+        self.write("proc/driver/nvidia/capabilities/mig/config", "", 0o444)
+        self.write("proc/driver/nvidia/capabilities/mig/monitor", "", 0o444)
+        firmware = nv["version"] if self._gsp_firmware(nv["version"]) else "N/A"
+        for gpu in self.nvidia_gpus():
+            self.p(f"proc/driver/nvidia/capabilities/gpu{gpu['minor']}/mig").mkdir(parents=True)
+            base = f"proc/driver/nvidia/gpus/{gpu['bdf']}"
+            info = (
+                f"Model: \t\t {gpu['name']}\n"
+                f"IRQ:   \t\t {gpu['irq']}\n"
+                f"GPU UUID: \t {gpu['uuid']}\n"
+                f"Video BIOS: \t {gpu['vbios'].lower()}\n"
+                "Bus Type: \t PCIe\n"
+                f"DMA Size: \t {gpu['dma_bits']} bits\n"
+                f"DMA Mask: \t 0x{(1 << gpu['dma_bits']) - 1:x}\n"
+                f"Bus Location: \t {gpu['bdf']}\n"
+                f"Device Minor: \t {gpu['minor']}\n"
+                f"GPU Firmware: \t {firmware}\n"
+                "GPU Excluded:\t No\n"
+            )
+            self.write(f"{base}/information", info, 0o444)
+            self.write(f"{base}/power", "", 0o444)
+            self.write(f"{base}/registry", "", 0o644)
+        for d in ("proc/driver/nvidia", "proc/driver/nvidia-caps"):  # procfs dirs read dr-xr-xr-x
+            for sub in [self.p(d), *[x for x in self.p(d).rglob("*") if x.is_dir()]]:
+                os.chmod(sub, 0o555)
+
+    def write_dev_nodes(self) -> None:
+        """/dev/nvidia* as real char nodes; uvm nodes only via make_uvm_nodes (nvidia-modprobe -u)."""
+        dev = self.p("dev")
+        dev.mkdir(parents=True, exist_ok=True)
+        for node in dev.glob("nvidia*"):
+            if node.name.startswith("nvidia-uvm") and self.loaded("nvidia_uvm"):
+                continue  # they stay while the module does (with this boot's major)
+            shutil.rmtree(node) if node.is_dir() and not node.is_symlink() else node.unlink()
+        if not self.loaded("nvidia"):
+            return
+        for gpu in self.nvidia_gpus():
+            mknod(dev / f"nvidia{gpu['minor']}", 195, gpu["minor"], 0o666)
+        mknod(dev / "nvidiactl", 195, 255, 0o666)
+        caps = self.state["majors"]["nvidia-caps"]
+        (dev / "nvidia-caps").mkdir(exist_ok=True)
+        os.chmod(dev / "nvidia-caps", 0o755)
+        mknod(dev / "nvidia-caps/nvidia-cap1", caps, 1, 0o400)
+        mknod(dev / "nvidia-caps/nvidia-cap2", caps, 2, 0o444)
+
+    def make_uvm_nodes(self) -> None:
+        major = self.state["majors"]["nvidia-uvm"]
+        mknod(self.p("dev/nvidia-uvm"), major, 0, 0o666)
+        mknod(self.p("dev/nvidia-uvm-tools"), major, 1, 0o666)

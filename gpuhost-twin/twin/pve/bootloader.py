@@ -1,0 +1,230 @@
+"""proxmox-boot-tool's kernel commands (list, add, remove, pin, unpin) and status, the kernel
+package hooks, and proxmox-boot-cleanup at boot; the overview of the twin's boot tools (stdlib only).
+
+Modules: boot_functions (shared files and helpers), esp_sync (refresh), grub (update-grub, pins
+on GRUB), initramfs (update-initramfs), bootcfg (the snapshot the boot reads), this one.
+
+Follows proxmox-kernel-helper's bin/proxmox-boot-tool, proxmox-boot/functions, zz-proxmox-boot
+and proxmox-boot-sync (formats.md §5), GRUB's grub-mkconfig (sourcing /etc/default/grub and
+/etc/default/grub.d/*.cfg) and initramfs-tools' update-initramfs.
+
+The bootloader's view of the world changes only when Proxmox would write it: `refresh` (ESP hosts,
+also run by update-initramfs through proxmox-boot-sync) and `update-grub` (GRUB hosts, also run by
+`kernel pin/unpin` there). Each writes <root>/var/lib/gpuhost-twin/bootcfg.json in the format
+twin/kernel_choice.py defines (see its docstring): "loader", "cmdline" (entry options, without the
+initrd=/BOOT_IMAGE= the loader adds), "kernel_default", "kernel_next", "kernels" (oldest first,
+newest last), "written_by", "written_at"; plus extras the boot may use: "firmware", "loader_default",
+"kernel_pin", "entries" (options per kernel), "initrd" (the initramfs records synced to the ESP;
+null for GRUB, which reads /boot at boot).
+
+--next-boot, per the source: proxmox-boot-tool writes the one-shot pin into loader.conf `default`
+(systemd-boot) or GRUB_DEFAULT exactly like a permanent pin; only proxmox-boot-cleanup.service on
+the next boot that reaches multi-user undoes it (on_boot()). So a trial kernel that hangs is booted
+again after a power cycle on real hardware. twin/kernel_choice.py models a firmware one-shot instead
+("kernel_next" falls back to "kernel_default"); "loader_default" says what the loader really holds.
+Set "strict_next_boot": true in var/lib/gpuhost-twin/pve.json to record the real behaviour
+(kernel_default = the trial kernel, kernel_next = null).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from .boot_functions import (
+    ESP_LIST,
+    MANUAL_KERNEL_LIST,
+    NEXT_BOOT_PIN,
+    PINNED_KERNEL_CONF,
+    TOOL,
+    Exit,
+    Out,
+    _load_esps,
+    boot_kernel_list,
+    booted_uefi,
+    esp_uuids,
+    first_line,
+)
+from .esp_sync import (
+    refresh,
+    zz_proxmox_boot,
+)
+from .grub import (
+    set_grub_default,
+    update_grub,
+)
+from .initramfs import update_initramfs
+
+KERNEL_HOOKS = {
+    "postinst": ("initramfs-tools", "proxmox-auto-removal", "zz-proxmox-boot", "zz-update-grub"),
+    "postrm": ("initramfs-tools", "proxmox-auto-removal", "zz-proxmox-boot", "zz-update-grub"),
+}
+
+
+def kernel_hook(root: Path, out: Out, phase: str, name: str, version: str) -> None:
+    """What a kernel package's maintainer scripts run (`run-parts /etc/kernel/<phase>.d`)."""
+    mode = os.environ.get("DEB_MAINT_PARAMS", "").split(" ")[0].strip("'")
+    if mode not in ("", "configure" if phase == "postinst" else "remove"):
+        return  # only on configure/remove, like the hooks themselves
+    if name == "initramfs-tools":
+        if phase == "postinst":
+            sub = Out()  # INITRAMFS_TOOLS_KERNEL_HOOK=1: proxmox-boot-sync leaves it to zz-...
+            update_initramfs(root, sub, "create", version, from_kernel_hook=True)
+            out.stderr += sub.stdout + sub.stderr  # the hook sends update-initramfs to stderr
+        else:
+            initrd = root / f"boot/initrd.img-{version}"
+            if initrd.exists():
+                out.err(f"update-initramfs: Deleting /boot/initrd.img-{version}")
+                initrd.unlink()
+    elif name == "zz-proxmox-boot":
+        zz_proxmox_boot(root, out, phase, version)
+    elif name == "zz-update-grub" and (root / "boot/grub/grub.cfg").exists():
+        update_grub(root, out)
+
+
+# --- proxmox-boot-tool kernel ... / status ---
+
+
+def _possible_versions(root: Path, out: Out) -> None:
+    out.err("")
+    out.err("Possible Proxmox kernel versions are:")
+    out.err("\n".join(boot_kernel_list(root)))
+
+
+def pin_kernel(root: Path, out: Out, ver: str, next_boot: bool) -> None:
+    pin_file = NEXT_BOOT_PIN if next_boot else PINNED_KERNEL_CONF
+    if not ver:
+        out.err("E: <kernel-version> is mandatory")
+        _possible_versions(root, out)
+        raise Exit(1)
+    if not (root / f"boot/vmlinuz-{ver}").exists():
+        out.err(f"E: no kernel image found in /boot for '{ver}', not setting default.")
+        _possible_versions(root, out)
+        raise Exit(1)
+    if (root / pin_file).exists():
+        old = first_line(root, pin_file)
+        if old != ver:
+            out.out(f"Overriding previously pinned version '{old}' with '{ver}'")
+    (root / pin_file).parent.mkdir(parents=True, exist_ok=True)
+    (root / pin_file).write_text(ver + "\n")
+    if (root / ESP_LIST).is_file():
+        out.out(f"Set kernel '{ver}' in /{pin_file}. Use the 'refresh' command to update the ESPs.")
+    else:
+        pin_ver = first_line(root, NEXT_BOOT_PIN) or ver
+        out.out(f"Setting '{pin_ver}' as grub default entry and running update-grub.")
+        set_grub_default(root, out, pin_ver)
+        update_grub(root, out)
+
+
+def unpin_kernel(root: Path, out: Out, next_boot_only: bool) -> None:
+    last_pin = first_line(root, NEXT_BOOT_PIN)
+    (root / NEXT_BOOT_PIN).unlink(missing_ok=True)
+    out.out(f"Removed /{NEXT_BOOT_PIN}.")
+    if not next_boot_only:
+        last_pin = first_line(root, PINNED_KERNEL_CONF) or last_pin
+        (root / PINNED_KERNEL_CONF).unlink(missing_ok=True)
+        out.out(f"Removed /{PINNED_KERNEL_CONF}.")
+    if (root / ESP_LIST).is_file():
+        if last_pin:
+            out.out(f"Unpinned kernel '{last_pin}'. Use the 'refresh' command to update the ESPs.")
+    else:
+        out.out("Reset default grub entry and running update-grub.")
+        set_grub_default(root, out, first_line(root, PINNED_KERNEL_CONF))
+        update_grub(root, out)
+
+
+def list_kernels(root: Path, out: Out) -> None:
+    boot_kernels = boot_kernel_list(root)
+    manual: list[str] = []
+    manual_file = root / MANUAL_KERNEL_LIST
+    if manual_file.exists():
+        manual = [k for k in manual_file.read_text().split("\n") if k]
+        boot_kernels = [k for k in boot_kernels if k not in manual]
+    out.out("Manually selected kernels:")
+    out.out("\n".join(manual) if manual else "None.")
+    out.out("")
+    out.out("Automatically selected kernels:")
+    out.out("\n".join(boot_kernels))
+    pinned, nextboot = first_line(root, PINNED_KERNEL_CONF), first_line(root, NEXT_BOOT_PIN)
+    if pinned:
+        out.out("")
+        out.out("Pinned kernel:")
+        out.out(pinned)
+    if nextboot:
+        out.out("")
+        out.out("Kernel pinned on next-boot:")
+        out.out(nextboot)
+
+
+def add_kernel(root: Path, out: Out, ver: str) -> None:
+    if not ver:
+        out.err("E: <kernel-version> is mandatory")
+        out.err("")
+        raise Exit(1)
+    if not (root / f"boot/vmlinuz-{ver}").exists():
+        out.err(f"E: no kernel image found in /boot for '{ver}', not adding.")
+        raise Exit(1)
+    path = root / MANUAL_KERNEL_LIST
+    entries = set(path.read_text().split("\n")) if path.exists() else set()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{k}\n" for k in sorted((entries | {ver}) - {""})))
+    out.out(
+        f"Added kernel '{ver}' to manual kernel list. Use the 'refresh' command to update the ESPs."
+    )
+
+
+def remove_kernel(root: Path, out: Out, ver: str) -> None:
+    if not ver:
+        out.err("E: <kernel-version> is mandatory")
+        out.err("")
+        raise Exit(1)
+    path = root / MANUAL_KERNEL_LIST
+    entries = path.read_text().split("\n") if path.exists() else []
+    if ver in entries:
+        path.write_text("".join(f"{k}\n" for k in entries if k and k != ver))
+        out.out(
+            f"Removed kernel '{ver}' from manual kernel list. Use the 'refresh' command to update the ESPs."
+        )
+    else:
+        out.out(f"Kernel '{ver}' not found in manual kernel list.")
+
+
+def status(root: Path, out: Out, quiet: bool) -> None:
+    if not quiet:
+        out.out(f"Re-executing '{TOOL}' in new private mount namespace..")
+    uuids = esp_uuids(root)
+    if uuids is None:
+        if not quiet:
+            out.err(f"E: /{ESP_LIST} does not exist.")
+        raise Exit(2)
+    if quiet:
+        return
+    out.out(f"System currently booted with {'uefi' if booted_uefi(root) else 'legacy bios'}")
+    esps = _load_esps(root)
+    for uuid in uuids:
+        if not re.search(r"[0-9a-fA-F]{4}-[0-9a-fA-F]{4}", uuid):
+            out.err(f"WARN: {uuid} read from /{ESP_LIST} does not look like a VFAT-UUID - skipping")
+            continue
+        esp = esps.get(uuid, {"mode": "uefi", "versions": []})
+        versions = ", ".join(esp["versions"])  # type: ignore[arg-type]
+        out.out(f"{uuid} is configured with: {esp['mode']} (versions: {versions})")
+
+
+# --- boot-time hook ---
+
+
+def on_boot(root: Path) -> Out:
+    """proxmox-boot-cleanup.service: after a boot, drop the one-shot pin and refresh.
+
+    Call after the simulated boot has chosen the kernel (ConditionPathExists=next-boot-pin).
+    """
+    out = Out()
+    if not (root / NEXT_BOOT_PIN).exists():
+        return out
+    try:
+        unpin_kernel(root, out, next_boot_only=True)
+        refresh(root, out)
+    except Exit as exc:
+        out.rc = exc.rc
+    return out

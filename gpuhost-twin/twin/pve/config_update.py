@@ -1,0 +1,278 @@
+"""Guest config changes: pct set / qm set / PUT .../config (stdlib only).
+
+They follow pve-container update_pct_config / vmconfig_hotplug_pending / vmconfig_apply_pending
+and qemu-server's update_vm_api: every change first goes to the pending section, then is applied
+at once when the guest is stopped (or for options that can change live), otherwise it stays
+pending until the next start."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import config as cfg
+from . import lxc_devices
+from . import options as opts
+from .guest_state import (
+    config_lock,
+    guest_word,
+    is_running,
+)
+from .schema import (
+    ParamError,
+    Prop,
+    PveError,
+    split_list,
+    validate,
+    verify_configid_list,
+)
+
+# pve-container $LXC_FASTPLUG_OPTIONS: applied at once even while the guest runs
+LXC_FASTPLUG = {"description", "onboot", "startup", "protection", "hostname", "hookscript",
+                "cores", "tags", "lock"}  # fmt: skip
+
+
+LXC_HOTPLUG = {"cpulimit", "cpuunits", "memory", "swap"}  # cgroup changes on a live CT
+
+
+QEMU_FASTPLUG = {"name", "onboot", "shares", "startup", "description", "protection",
+                 "vmstatestorage", "hookscript", "tags", "lock"}  # fmt: skip
+
+
+# formats.md §1: on PVE 8 a devN set on a running CT waits in [pve:pending] for the next start
+# (pve-container master hotplugs new devN; the twin follows the PVE 8 behaviour).
+HOTPLUG_NEW_LXC_DEVICES = False
+
+
+COMMON_UPDATE = {
+    "delete": Prop(format=verify_configid_list),
+    "revert": Prop(format=verify_configid_list),
+    "digest": Prop(max_length=64),
+}
+
+
+LXC_UPDATE_SCHEMA: dict[str, Prop] = {
+    **{k: v for k, v in opts.LXC_OPTIONS.items() if k not in opts.SNAPSHOT_ONLY},
+    **COMMON_UPDATE,
+}
+
+
+QEMU_UPDATE_SCHEMA: dict[str, Prop] = {
+    **{k: v for k, v in opts.QEMU_OPTIONS.items() if k not in opts.SNAPSHOT_ONLY},
+    **COMMON_UPDATE,
+    "skiplock": Prop(type="boolean"),
+    "force": Prop(type="boolean"),
+    "background_delay": Prop(type="integer", minimum=1, maximum=30),
+}
+
+
+# --- config updates (pct set / qm set / PUT .../config) ---
+
+
+@dataclass
+class UpdateResult:
+    stdout: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _cleanup_pending(conf: cfg.GuestConfig) -> None:
+    """AbstractConfig::cleanup_pending: drop pending values equal to current ones."""
+    deletes = cfg.pending_delete(conf)
+    for key in list(conf.pending.values):
+        if key == "delete":
+            continue
+        if conf.main.values.get(key) == conf.pending.values[key] or key in deletes:
+            del conf.pending.values[key]
+    cfg.set_pending_delete(conf, {k: f for k, f in deletes.items() if k in conf.main.values})
+
+
+def _apply(conf: cfg.GuestConfig, keys: set[str] | None) -> None:
+    """vmconfig_apply_pending for `keys` (None: everything)."""
+    deletes = cfg.pending_delete(conf)
+    for key in list(deletes):
+        if keys is None or key in keys:
+            conf.main.values.pop(key, None)
+            del deletes[key]
+    cfg.set_pending_delete(conf, deletes)
+    for key in list(conf.pending.values):
+        if key != "delete" and (keys is None or key in keys):
+            conf.main.values[key] = conf.pending.values.pop(key)
+
+
+def apply_pending(root: Path, kind: str, vmid: int) -> None:
+    """What a start does first: apply every pending change (vm_start)."""
+    with config_lock(root, kind, vmid):
+        conf = cfg.load_config(root, kind, vmid)
+        if conf.pending.values:
+            _apply(conf, None)
+            cfg.save_config(root, conf)
+
+
+def _check_delete_list(schema_opts: dict[str, Prop], params: dict[str, str], deletes: list[str],
+                       reverts: list[str]) -> None:  # fmt: skip
+    for opt in reverts:
+        if opt not in schema_opts:
+            raise ParamError({"revert": f"unknown option '{opt}'"})
+        if opt in params:
+            raise ParamError(
+                {"delete": f"you can't use '-{opt}' and -revert {opt}' at the same time"}
+            )
+    for opt in deletes:
+        if opt in params:
+            raise ParamError(
+                {"delete": f"you can't use '-{opt}' and -delete {opt}' at the same time"}
+            )
+        if opt in reverts:
+            raise ParamError(
+                {"revert": f"you can't use '-delete {opt}' and -revert {opt}' at the same time"}
+            )
+        if opt not in schema_opts:
+            raise ParamError({"delete": f"unknown option '{opt}'"})
+
+
+def _device_mode_and_rdev(root: Path, path: str) -> None:
+    """PVE::LXC::Tools::get_device_mode_and_rdev: the node must exist on the host now."""
+    import stat as st
+
+    try:
+        mode = os.stat(root / path.lstrip("/")).st_mode
+    except FileNotFoundError:
+        raise PveError(f"Device {path} does not exist") from None
+    if not (st.S_ISCHR(mode) or st.S_ISBLK(mode)):
+        raise PveError(f"{path} is not a device")
+
+
+def update_lxc(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
+    """PUT /nodes/{node}/lxc/{vmid}/config (pct set)."""
+    params = dict(params)
+    validate(params, LXC_UPDATE_SCHEMA)
+    digest = params.pop("digest", None)
+    deletes = split_list(params.pop("delete", ""))
+    reverts = split_list(params.pop("revert", ""))
+    if not deletes and not reverts and not params:
+        raise PveError("no options specified")
+    _check_delete_list(opts.LXC_OPTIONS, params, deletes, reverts)
+    result = UpdateResult()
+    with config_lock(root, "lxc", vmid):
+        conf = cfg.load_config(root, "lxc", vmid)
+        _check_lock_and_digest(conf, digest)
+        running = is_running(root, "lxc", vmid)
+        pend = cfg.pending_delete(conf)
+        for opt in reverts:
+            conf.pending.values.pop(opt, None)
+            pend.pop(opt, None)
+        for opt in deletes:
+            if (
+                opt not in conf.main.values
+                and opt not in conf.pending.values
+                and not (opt == "description" and conf.main.description is not None)
+            ):
+                result.warnings.append(f"cannot delete '{opt}' - not set in current configuration!")
+                continue
+            if opt in ("memory", "rootfs", "ostype"):
+                raise PveError(f"unable to delete required option '{opt}'")
+            if opt == "unprivileged":
+                raise PveError(f"unable to delete read-only option: '{opt}'")
+            if opt == "description":
+                conf.main.description = None
+                continue
+            pend[opt] = False
+        cfg.set_pending_delete(conf, pend)
+        for opt in sorted(params):
+            value = params[opt]
+            if opt == "unprivileged":
+                raise PveError(f"unable to modify read-only option: '{opt}'")
+            if re.fullmatch(r"dev\d+", opt):
+                device = lxc_devices.parse_device(value)
+                _device_mode_and_rdev(root, device.path)
+            if opt == "description":
+                conf.main.description = value  # a fast-plug option: always applied at once
+                continue
+            conf.pending.values[opt] = value
+            pend = cfg.pending_delete(conf)
+            pend.pop(opt, None)
+            cfg.set_pending_delete(conf, pend)
+        _cleanup_pending(conf)
+        if running:
+            # what vmconfig_hotplug_pending changes on a live CT; the rest waits for a restart
+            live = (
+                LXC_FASTPLUG | LXC_HOTPLUG | {k for k in [*params, *deletes] if k.startswith("net")}
+            )
+            if HOTPLUG_NEW_LXC_DEVICES:
+                live |= {k for k in params if k.startswith("dev") and k not in conf.main.values}
+            _apply(conf, live)
+        else:
+            _apply(conf, None)
+        cfg.save_config(root, conf)
+    return result
+
+
+def update_qemu(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
+    """PUT /nodes/{node}/qemu/{vmid}/config (qm set): prints 'update VM <id>: ...'."""
+    params = dict(params)
+    validate(params, QEMU_UPDATE_SCHEMA)
+    paramarr = []
+    for key in sorted(params):
+        value = "<hidden>" if key == "cipassword" else params[key]
+        paramarr += [f"-{key}", value]
+    digest = params.pop("digest", None)
+    skiplock = params.pop("skiplock", None) == "1"
+    params.pop("force", None)
+    params.pop("background_delay", None)
+    deletes = ["ide2" if d == "cdrom" else d for d in split_list(params.pop("delete", ""))]
+    reverts = split_list(params.pop("revert", ""))
+    if "cdrom" in params:
+        params["ide2"] = params.pop("cdrom")
+    if not deletes and not reverts and not params:
+        raise PveError("no options specified")
+    _check_delete_list(opts.QEMU_OPTIONS, params, deletes, reverts)
+    result = UpdateResult()
+    with config_lock(root, "qemu", vmid):
+        conf = cfg.load_config(root, "qemu", vmid)
+        _check_lock_and_digest(conf, digest, skiplock)
+        result.stdout.append(f"update VM {vmid}: " + " ".join(paramarr))
+        running = is_running(root, "qemu", vmid)
+        pend = cfg.pending_delete(conf)
+        for opt in reverts:
+            if opt in conf.main.values:
+                params[opt] = conf.main.values[opt]
+            elif opt in conf.pending.values:
+                deletes.append(opt)
+        for opt in deletes:
+            if (
+                opt not in conf.main.values
+                and opt not in conf.pending.values
+                and not (opt == "description" and conf.main.description is not None)
+            ):
+                result.warnings.append(f"cannot delete '{opt}' - not set in current configuration!")
+                continue
+            conf.pending.values.pop(opt, None)
+            if opt == "description":
+                conf.main.description = None
+            elif opt in ("tags",) or opt.startswith("unused"):
+                conf.main.values.pop(opt, None)
+            else:
+                pend[opt] = False
+        cfg.set_pending_delete(conf, pend)
+        for opt, value in params.items():
+            if opt == "description":
+                conf.main.description = value
+                continue
+            conf.pending.values[opt] = value
+            pend = cfg.pending_delete(conf)
+            pend.pop(opt, None)
+            cfg.set_pending_delete(conf, pend)
+        _cleanup_pending(conf)
+        _apply(conf, QEMU_FASTPLUG if running else None)
+        cfg.save_config(root, conf)
+    return result
+
+
+def _check_lock_and_digest(conf: cfg.GuestConfig, digest: str | None, skip: bool = False) -> None:
+    lock = conf.main.values.get("lock")
+    if lock and not skip:
+        raise PveError(f"{guest_word(conf.kind)} is locked ({lock})")
+    if digest and digest != conf.digest:
+        raise PveError("detected modified configuration - file changed by other user? Try again.")

@@ -1,0 +1,138 @@
+"""proxmox-boot-tool refresh: kernels, initrds and the loader configuration synced to every ESP
+(proxmox-boot/zz-proxmox-boot and proxmox-boot-sync; stdlib only)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+from .boot_functions import (
+    ESP_LIST,
+    ESP_STATE,
+    KERNEL_CMDLINE,
+    NEXT_BOOT_PIN,
+    PINNED_KERNEL_CONF,
+    Exit,
+    Out,
+    _load_esps,
+    _write_json,
+    boot_kernel_list,
+    booted_uefi,
+    esp_uuids,
+    first_line,
+    initrd_record,
+)
+from .bootcfg import write_bootcfg
+
+# --- refresh (zz-proxmox-boot) ---
+
+
+def refresh(root: Path, out: Out, hook: str | None = None) -> None:
+    """`proxmox-boot-tool refresh [--hook <name>]`: run the kernel postinst hooks."""
+    hooks = ["proxmox-auto-removal", "zz-proxmox-boot"]
+    if hook is not None:
+        if hook not in hooks:
+            out.err(f"E: '{hook}' is not a valid hook script name.")
+            raise Exit(1)
+        hooks = [hook]
+    for script in hooks:
+        path = root / "etc/kernel/postinst.d" / script
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            out.err(f"Hook script '{script}' not found or not executable, skipping.")
+            continue
+        out.out(f"Running hook script '{script}'..")
+        if script == "zz-proxmox-boot":
+            zz_proxmox_boot(root, out, "postinst", "")
+
+
+def zz_proxmox_boot(root: Path, out: Out, phase: str, version: str) -> None:
+    """/etc/kernel/{postinst,postrm}.d/zz-proxmox-boot <version>."""
+    out.out(
+        f"Re-executing '/etc/kernel/{phase}.d/zz-proxmox-boot' in new private mount namespace.."
+    )
+    update_esps(root, out, version if phase == "postinst" else "")
+
+
+def _esp_cmdline(root: Path, out: Out) -> str:
+    cmdline_file = root / KERNEL_CMDLINE
+    if cmdline_file.exists():
+        cmdline = " ".join(first_line(root, KERNEL_CMDLINE).split())  # echo ${CMDLINE}
+        if "root=" not in cmdline:
+            out.err("No root= parameter in /etc/kernel/cmdline found!")
+            raise Exit(1)
+        return cmdline
+    out.err("No /etc/kernel/cmdline found - falling back to /proc/cmdline")
+    try:
+        proc = (root / "proc/cmdline").read_text()
+    except FileNotFoundError:
+        proc = ""
+    return re.sub(r"\binitrd=([0-9a-zA-Z\\/.-])*\s*", "", proc).strip()
+
+
+def update_esps(root: Path, out: Out, install_version: str = "") -> None:
+    uuids = esp_uuids(root)
+    if uuids is None:
+        out.err(f"No /{ESP_LIST} found, skipping ESP sync.")
+        _check_grub_efi_package(root, out)
+        return
+    cmdline = _esp_cmdline(root, out)
+    kvers = boot_kernel_list(root, install_version)
+    esps = _load_esps(root)
+    for uuid in uuids:
+        if not re.search(r"[0-9a-fA-F]{4}-[0-9a-fA-F]{4}", uuid):
+            out.err(f"WARN: {uuid} read from /{ESP_LIST} does not look like a VFAT-UUID - skipping")
+            continue
+        out.err(f"Copying and configuring kernels on /dev/disk/by-uuid/{uuid}")
+        synced = []
+        for kver in kvers:
+            if not (root / f"boot/vmlinuz-{kver}").is_file():
+                out.err(f"No linux-image /boot/vmlinuz-{kver} found - skipping")
+                continue
+            if not (root / f"boot/initrd.img-{kver}").is_file():
+                out.err(f"No initrd-image /boot/initrd.img-{kver} found - skipping")
+                continue
+            out.err(f"\tCopying kernel and creating boot-entry for {kver}")
+            synced.append(kver)
+        old = esps.get(uuid, {})
+        for kver in old.get("versions", []):  # type: ignore[union-attr]
+            if not any(kver in k for k in kvers):  # the hook greps, so substrings count
+                out.err(f"\tRemoving old version {kver}")
+        pinned = first_line(root, PINNED_KERNEL_CONF)
+        if (root / NEXT_BOOT_PIN).exists():
+            pinned = first_line(root, NEXT_BOOT_PIN)
+        esps[uuid] = {
+            "mode": "uefi",
+            "versions": sorted(synced),  # `ls -1` of EFI/proxmox
+            "default": f"proxmox-{pinned}.conf" if pinned else "proxmox-*",
+            "cmdline": cmdline,
+            "initrd": {k: initrd_record(root, k) for k in synced},
+            "synced_at": time.time(),
+        }
+    _write_json(root / ESP_STATE, esps)
+    _write_bootcfg_esp(root, esps, uuids)
+
+
+def _check_grub_efi_package(root: Path, out: Out) -> None:
+    if (
+        booted_uefi(root)
+        and not (root / "usr/share/doc/grub-efi-amd64/changelog.Debian.gz").exists()
+    ):
+        out.err("System booted in EFI-mode but grub-efi-amd64 meta-package not installed!")
+        out.err("Install grub-efi-amd64 to get updates.")
+
+
+def _write_bootcfg_esp(root: Path, esps: dict[str, dict[str, object]], uuids: list[str]) -> None:
+    """The firmware boots the first ESP; its loader.conf `default` picks the entry."""
+    esp = next((esps[u] for u in uuids if u in esps), None)
+    versions: list[str] = list(esp["versions"]) if esp else []  # type: ignore[arg-type]
+    options = str(esp["cmdline"]) if esp else ""
+    write_bootcfg(
+        root,
+        loader="systemd-boot",
+        kernels=versions,
+        entries={v: options for v in versions},
+        initrd=dict(esp["initrd"]) if esp else {},  # type: ignore[call-overload]
+        written_by="proxmox-boot-tool refresh",
+    )
