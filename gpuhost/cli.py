@@ -42,7 +42,7 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         raws = gather_live(args.inventory, args.host)
     for name, (spec, _) in hosts.items():
-        print(render_plan(make_plan(name, spec, parse_raw(raws[name]))))
+        print(render_plan(make_plan(name, spec, parse_raw(raws[name]), str(args.inventory))))
     return 0
 
 
