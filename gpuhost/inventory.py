@@ -228,7 +228,7 @@ def _host_data_problems(host_data: dict[str, Any]) -> list[str]:
         elif key.startswith("gpuhost_") and key not in GPUHOST_DATA:
             close = difflib.get_close_matches(key, list(GPUHOST_DATA), n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(GPUHOST_DATA)}"
-            problems.append(f"host data {show(key, 40)}: unknown gpuhost setting; {hint}")
+            problems.append(f"host data {key}: unknown gpuhost setting; {hint}")
         elif key in GPUHOST_DATA:
             minimum, meaning = GPUHOST_DATA[key]
             if type(value) is not int or value < minimum:

@@ -101,7 +101,7 @@ MANAGED_CMDLINE_KEYS = {
 # table: CUDA 12.8 needs >= 570, CUDA 13.x needs >= 580).
 CUDA_MIN_DRIVER = {"12.8": 570, "12.9": 575, "13.0": 580, "13.1": 580}
 SECRET_WORDS = re.compile(r"token|passw|secret|credential|api_?key|private", re.IGNORECASE)
-URL_USERINFO_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+URL_USERINFO_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]{0,15}://)[^/@\s]*@")
 MAX_TEXT = 4096  # no spec string is longer (bounds messages and regex work)
 MAX_SHOWN = 60  # characters of a value shown in a message
 
@@ -312,10 +312,7 @@ def _env_value(value: str) -> str:
     _bounded(value, "environment value")
     if ENV_VALUE_RE.fullmatch(value):
         return value
-    if value != value.strip():
-        why = "it starts or ends with whitespace"
-    else:
-        why = _first_bad(value, ENV_VALUE_CHARS).strip(" ()")
+    why = _first_bad(value, ENV_VALUE_CHARS).strip(" ()") or "it starts or ends with a space"
     raise ValueError(
         f"not a valid environment value ({why}); values are printable ASCII without quotes, "
         "backslashes, '$', backticks, '%' or control characters (they are written into systemd "
@@ -371,7 +368,8 @@ def _acs_override(value: str) -> str:
         "(vendor:device in hex), e.g. 'downstream,multifunction'"
     )
     if bad:
-        raise ValueError(f"{show(value)} is not a pcie_acs_override value ({show(bad[0])}); {fix}")
+        why = _first_bad(value, "a-zA-Z0-9:,").strip(" ()") or show(bad[0])
+        raise ValueError(f"{show(value)} is not a pcie_acs_override value ({why}); {fix}")
     if len(set(tokens)) != len(tokens):
         raise ValueError(f"{show(value)} names an item twice; {fix}")
     if sum(t.startswith("id:") for t in tokens) > ACS_MAX_IDS:
