@@ -106,6 +106,50 @@ MAX_TEXT = 4096  # no spec string is longer (bounds messages and regex work)
 MAX_SHOWN = 60  # characters of a value shown in a message
 
 
+# One line per grammar, for README's inventory reference (python -m gpuhost.docs). Every match
+# is against the whole string; all grammars are ASCII.
+GRAMMARS = {
+    "kernel release (kernel.version, kernel.keep)": "X.Y.Z-N[-bpoN][-word...]-pve, as `uname -r` "
+    "prints Proxmox kernels, e.g. 6.14.8-2-bpo12-pve",
+    "driver version": "NNN.NN or NNN.NN.NN (2-3 digits after each dot), e.g. 595.71.05",
+    "GCC version": "X.Y.Z, e.g. 12.2.0",
+    "CUDA version": "X.Y, one of " + ", ".join(CUDA_MIN_DRIVER),
+    "Python version (venvs[].python)": "3.X or 3.X.Y",
+    "kernel parameter (boot.extra)": "name[=value]; name of A-Za-z0-9_.- starting with a letter, "
+    "digit or _; value of printable ASCII without space, quotes, $, backticks, backslashes, "
+    "; & | < > ( ) or #; managed names (compared with - = _) are refused",
+    "pcie_acs_override": "comma-separated downstream, multifunction, id:vvvv:dddd (hex, at most "
+    f"{ACS_MAX_IDS} ids), each once",
+    "guest name": "lowercase DNS name: labels of a-z0-9- (no - at either end, 1-63 characters) "
+    "joined by dots, at most 253 characters",
+    "host name (access.ssh_hostname)": "DNS name (letters, digits, -, dots) or an IPv4/IPv6 "
+    "address (no scope id)",
+    "user name (access.ssh_user)": "[a-z_][a-z0-9_-], at most 32 characters",
+    "PCI address (gpus)": "[dddd:]bb:dd.f in hex, any case; stored as 0000:41:00.0",
+    "GPU index (gpus)": "an int 0-1023 (not a bool, float or string)",
+    "path (venvs[].path)": "absolute and normalised: /component/..., components of A-Za-z0-9._+@- "
+    "that are not . or ..; no //, no trailing /",
+    "patch path (kernel.build.patches)": "relative to files/, normalised like a path, no leading /",
+    "module name (modules.vfio_modules)": "[a-z0-9_]+",
+    "environment variable name": "[A-Za-z_][A-Za-z0-9_]*, at most 128 characters",
+    "environment value": "printable ASCII without quotes, backslashes, $, backticks, % or control "
+    "characters, no space at either end, at most 4096 characters (systemd Environment=, env "
+    "files and LXC config lines)",
+    "machine type (machine)": "q35, pc-q35-X.Y or pc-q35-X.Y+pveN (pc, pc-i440fx-X.Y only "
+    "without GPUs)",
+    "git repository (kernel.build.repo)": "https://host[:port]/path, ssh://[user@]host[:port]/path, "
+    "user@host:path or an absolute path; no credentials, no .. components",
+    "git ref (kernel.build.ref)": "A-Za-z0-9._+- components joined by /, no .., not starting "
+    "with - or ., not ending with . or .lock",
+    "kernel config (kernel.build.config)": "names CONFIG_[A-Z0-9_]+; values y, m, n, an integer, "
+    "0xHEX or text of the kernel-parameter value characters plus inner spaces",
+    "requirement (venvs[].packages, constraints)": "one PEP 508 requirement (packaging's parser), "
+    "no credentials in a URL, no $, backticks or backslashes",
+    "types": "strict: ints are ints (True, 1.0 and '200' are not), bools are True/False, "
+    "strings are strings, lists are lists",
+}
+
+
 def mask_secrets(text: str) -> str:
     """Credentials inside URLs -> '***': 'https://u:p@host/x' -> 'https://***@host/x'."""
     return URL_USERINFO_RE.sub(lambda m: f"{m['scheme']}***@", text)

@@ -27,7 +27,7 @@ def test_defaults() -> None:
     assert (
         host.boot.iommu and host.boot.iommu_passthrough is None and host.boot.acs_override is None
     )
-    assert host.p2p.expected == "auto" and host.guests == []
+    assert host.p2p.expected == "auto" and host.guests == [] and host.boot.snp == "keep"
 
 
 @pytest.mark.parametrize("inventory", ["kpro6", "kpro5"])
