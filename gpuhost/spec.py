@@ -1074,6 +1074,10 @@ class HostSpec(Model):
             raise ValidationError.from_exception_data(cls.__name__, cross)
         return spec
 
+    def to_json(self) -> dict[str, Any]:
+        """For pyinfra's JSON output (`pyinfra INVENTORY debug-inventory`)."""
+        return self.model_dump(mode="json")
+
     @property
     def lxc_guests(self) -> list[LxcGuest]:
         return [g for g in self.guests if isinstance(g, LxcGuest)]

@@ -206,3 +206,17 @@ def test_pyinfra_refuses_before_connecting(name: str, expected: str) -> None:
     assert expected in output and f"tests/fixtures/inventories/bad/{name}.py" in output
     assert "Connecting to hosts" not in output and "Could not connect" not in output
     assert SECRET not in output
+
+
+def test_pyinfra_debug_inventory_shows_the_spec() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "pyinfra"), "unusual_values.py", "debug-inventory"],
+        cwd=FIXTURES / "good",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert '"pc-q35-8.1+pve0"' in run.stdout and "Connecting" not in run.stdout + run.stderr
