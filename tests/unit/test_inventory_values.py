@@ -219,4 +219,5 @@ def test_pyinfra_debug_inventory_shows_the_spec() -> None:
         timeout=60,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert '"pc-q35-8.1+pve0"' in run.stdout and "Connecting" not in run.stdout + run.stderr
+    output = run.stdout + run.stderr
+    assert '"pc-q35-8.1+pve0"' in output and "Connecting" not in output
