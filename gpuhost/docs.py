@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from gpuhost.spec import HostSpec, LxcGuest, VmGuest
+from gpuhost.spec import GRAMMARS, HostSpec, LxcGuest, VmGuest
 
 START, END = "<!-- inventory-reference:start -->", "<!-- inventory-reference:end -->"
 README = Path(__file__).parents[1] / "README.md"
@@ -82,6 +82,18 @@ def inventory_reference() -> str:
             *head,
             *_rows(guest, ""),
         ]
+    parts += [
+        "",
+        "#### Value grammars",
+        "",
+        "Inventory values are untrusted text: each is matched as a whole (a trailing newline is "
+        "refused), ASCII only. A refusal names the file, the host, the field, the value (secrets "
+        "as `***`) and the fix, for every problem at once.",
+        "",
+        "| value | grammar |",
+        "|---|---|",
+        *(f"| {name} | {rule.replace('|', chr(92) + '|')} |" for name, rule in GRAMMARS.items()),
+    ]
     return "\n".join(parts)
 
 

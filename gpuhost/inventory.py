@@ -3,93 +3,388 @@
 An inventory file declares hosts with :func:`gpu_host`; the spec is validated right there, at
 import, before pyinfra connects anywhere. A bad spec stops the run with one message per problem
 naming the inventory file, the host, the field, the bad value and what would be valid.
+
+When pyinfra (or :func:`load_inventory`) loads an inventory file, everything below happens
+before any connection:
+
+- each :func:`gpu_host` call validates its spec (all problems at once) and refuses a host name
+  that the same file already declared;
+- the first :func:`gpu_host` call of a file also puts an empty group, ``gpuhost_inventory_check``,
+  into the file's namespace. pyinfra iterates every module-level list of an inventory file to find
+  its hosts, after the file has run; iterating this group checks the whole file: every host in
+  every group must have been declared with :func:`gpu_host` (a plain ``"kpro7"`` or
+  ``("kpro7", {...})`` has no spec), and no host name may be declared twice.
 """
 
 from __future__ import annotations
 
-import inspect
+import difflib
 import os
+import re
 import runpy
+import sys
+import types
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pyinfra.api.exceptions import InventoryError
 
-from gpuhost.spec import HostSpec
+from gpuhost.spec import GUEST_KINDS, HostSpec, is_secret_name, mask_secrets, show
 
 SPEC_KEY = "gpuhost"  # host data key that holds the validated HostSpec
+SOURCE_KEY = "gpuhost_source"  # host data key: the inventory file that declared the host
+CHECK_GROUP = "gpuhost_inventory_check"  # the (empty) group that checks a whole inventory file
+_REGISTRY = "__gpuhost_hosts__"  # name -> entry, in the inventory file's namespace
+MAX_PROBLEMS = 25
+# gpuhost's own host data (besides the spec): name -> (minimum, meaning)
+GPUHOST_DATA = {
+    "gpuhost_reboot_delay": (0, "seconds before the first reconnect after a reboot"),
+    "gpuhost_reboot_timeout": (1, "seconds the host may take to come back"),
+}
+HOST_NAME_RE = re.compile(r"@?[A-Za-z0-9_\[][A-Za-z0-9_.:/@+\[\]-]{0,252}")
 
 
 class SpecError(InventoryError, ValueError):
     """One or more problems in a host's spec."""
 
     def __init__(self, source: str, host: str, problems: list[str]) -> None:
-        self.source, self.host, self.problems = source, host, problems
-        lines = [f"{source}: host {host!r}: invalid gpuhost spec ({len(problems)} problem(s))"]
-        lines += [f"  - {p}" for p in problems]
+        self.source, self.host, self.problems = source, host, _capped(problems)
+        self.all_problems = problems
+        lines = [f"{source}: host {show(host)}: invalid gpuhost spec ({len(problems)} problem(s))"]
+        lines += [f"  - {p}" for p in self.problems]
         super().__init__("\n".join(lines))
+
+
+class InventoryFileError(InventoryError, ValueError):
+    """A gpuhost inventory file that declares hosts wrongly (no spec, twice)."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source, self.problems = source, _capped(problems)
+        lines = [f"{source}: invalid gpuhost inventory ({len(problems)} problem(s))"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+def _capped(problems: list[str]) -> list[str]:
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    return [*problems[:MAX_PROBLEMS], f"... and {len(problems) - MAX_PROBLEMS} more problem(s)"]
+
+
+# --- messages -------------------------------------------------------------------------------------
+
+
+def _models_in(annotation: Any) -> list[Any]:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _models_in(args[0])
+    if origin in (typing.Union, types.UnionType, list):
+        return [m for a in args for m in _models_in(a)]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return []
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The spec model a location points into, following pydantic's raw error location."""
+    model: Any = HostSpec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if isinstance(model, list):  # the guest union: the next part is its tag
+            model = GUEST_KINDS.get(part)
+            continue
+        if model is None or part not in model.model_fields:
+            return None
+        inner = _models_in(model.model_fields[part].annotation)
+        model = inner[0] if len(inner) == 1 else (inner or None)
+    return model if isinstance(model, type) else None
+
+
+def _is_dict_field(loc: tuple[int | str, ...]) -> bool:
+    model = _model_at(loc[:-1])
+    if model is None or not isinstance(loc[-1], str) or loc[-1] not in model.model_fields:
+        return False
+    annotation = model.model_fields[loc[-1]].annotation
+    return typing.get_origin(annotation) is dict
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:
     path = ""
-    for part in loc:
+    for n, part in enumerate(loc):
+        previous = loc[n - 1] if n else None
         if isinstance(part, int):
             path += f"[{part}]"
-        elif part in ("lxc", "vm") and path.endswith("]"):
-            continue  # the discriminated-union tag pydantic inserts
-        elif part.startswith("function-"):
-            continue
+        elif part in GUEST_KINDS and isinstance(previous, int) and loc[:1] == ("guests",):
+            pass  # the discriminated-union tag pydantic inserts
+        elif part in ("list", "rest") and previous == "gpus":
+            pass  # the tag of the gpus union
+        elif part == "[key]":
+            path += " (the name)"
+        elif n and _is_dict_field(loc[:n]):
+            path += f"[{show(part, 40)}]"
         else:
             path += f".{part}" if path else part
     return path or "(spec)"
 
 
+def _is_secret(loc: tuple[int | str, ...]) -> bool:
+    return "env" in loc or any(is_secret_name(p) for p in loc)
+
+
+def _unknown_field(loc: tuple[int | str, ...], path: str) -> str:
+    name, parent = loc[-1], loc[:-1]
+    model = _model_at(parent)
+    if not isinstance(name, str) or model is None:
+        return f"{path}: unknown field"
+    kind = parent[-1] if parent and parent[0] == "guests" and parent[-1] in GUEST_KINDS else None
+    for other, other_model in GUEST_KINDS.items():
+        if kind and other != kind and name in other_model.model_fields:
+            return f"{path}: {name!r} is a field of {other} guests, this guest is kind {kind!r}"
+    close = difflib.get_close_matches(name, list(model.model_fields), n=1, cutoff=0.6)
+    if close:
+        base = path[: -len(name)] if path.endswith(name) else ""
+        return f"{path}: unknown field; did you mean {base}{close[0]}?"
+    return f"{path}: unknown field; check the spelling against the inventory reference in README.md"
+
+
+TYPE_HINTS = {
+    "int_type": "write a whole number without quotes",
+    "bool_type": "write True or False",
+    "string_type": "write it as a string, in quotes",
+    "list_type": "write a list, in [ ]",
+    "dict_type": "write a mapping, in { }",
+    "model_type": "write a mapping of fields, in { }",
+    "model_attributes_type": "write a mapping of fields, in { }",
+}
+
+
 def _problem(error: Any) -> str:
-    field = _field_path(error["loc"])
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
-        return f"{field}: unknown field; check the spelling against the inventory reference in README.md"
-    if error["type"] == "missing":
-        return f"{field}: required field is missing"
+    loc = tuple(error["loc"])
+    path = _field_path(loc)
+    kind = error["type"]
+    message = mask_secrets(error["msg"].removeprefix("Value error, "))
     value = error.get("input")
-    if isinstance(value, dict):  # a check across fields: the message names them
-        return f"{field}: {message}" if field != "(spec)" else message
-    return f"{field} = {value!r}: {message}"
+    if kind == "extra_forbidden":
+        return _unknown_field(loc, path)
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    if kind == "union_tag_not_found":
+        return f"{path}.kind: required field is missing; write 'lxc' (a container) or 'vm'"
+    if kind == "union_tag_invalid":
+        tag = value.get("kind") if isinstance(value, dict) else value
+        return f"{path}.kind = {show(tag)}: write 'lxc' (a container) or 'vm'"
+    if kind == "cross_field":
+        return f"{path}: {message}"
+    if path.endswith(".gpus") and kind in ("literal_error", "list_type"):
+        message = "give a list of PCI addresses/nvidia-smi indexes, or 'rest'"
+    elif kind in TYPE_HINTS:
+        hint = TYPE_HINTS[kind]
+        if kind == "int_type" and isinstance(value, bool):
+            hint = "True/False is not a number; " + hint
+        message = f"{message}; {hint}"
+    shown = "'***'" if _is_secret(loc) else show(value)
+    return f"{path} = {shown}: {message}"
+
+
+def describe(exc: ValidationError) -> list[str]:
+    """One line per problem (SpecError caps them at MAX_PROBLEMS)."""
+    lines: dict[str, None] = {}
+    for error in exc.errors(include_url=False):
+        lines.setdefault(_problem(error))
+    return list(lines)
 
 
 def validate_spec(source: str, host: str, data: dict[str, Any]) -> HostSpec:
     """Validate raw spec data; raise :class:`SpecError` naming every problem."""
+    if not isinstance(data, dict):
+        raise SpecError(
+            source, host, [f"spec = {show(data)}: the spec is a mapping of fields, in {{ }}"]
+        )
     try:
         return HostSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(source, host, [_problem(e) for e in exc.errors()]) from None
+        raise SpecError(source, host, describe(exc)) from None
+
+
+# --- gpu_host and the inventory-file check -----------------------------------------------------------
+
+
+def _caller() -> types.FrameType:
+    frame = sys._getframe(2)
+    while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return frame
+
+
+def _host_data_problems(host_data: dict[str, Any]) -> list[str]:
+    problems = []
+    for key, value in host_data.items():  # never echo a value: host data carries passwords
+        if key in (SPEC_KEY, SOURCE_KEY):
+            problems.append(f"host data {key!r} is set by gpu_host(); remove it")
+        elif key.startswith("gpuhost_") and key not in GPUHOST_DATA:
+            close = difflib.get_close_matches(key, list(GPUHOST_DATA), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(GPUHOST_DATA)}"
+            problems.append(f"host data {key}: unknown gpuhost setting; {hint}")
+        elif key in GPUHOST_DATA:
+            minimum, meaning = GPUHOST_DATA[key]
+            if type(value) is not int or value < minimum:
+                problems.append(f"host data {key}: must be a whole number >= {minimum} ({meaning})")
+    return problems
 
 
 def gpu_host(
-    name: str, spec: dict[str, Any], source: str | None = None, **host_data: Any
+    name: str, spec: dict[str, Any] | None = None, source: str | None = None, **host_data: Any
 ) -> tuple[str, dict[str, Any]]:
     """An inventory entry ``(name, data)`` whose ``data["gpuhost"]`` is the validated spec.
 
     + name: the pyinfra host name (also the SSH host unless ``ssh_hostname`` is given)
     + spec: the host spec as plain data (see README, "Inventory reference")
     + source: the inventory file, for error messages (default: the caller's file)
-    + host_data: other pyinfra host data, e.g. ``ssh_hostname``, ``ssh_user``
+    + host_data: other pyinfra host data, e.g. ``ssh_hostname``, ``ssh_user``; SSH host keys are
+      verified (``ssh_strict_host_key_checking="yes"``) unless the host data says otherwise.
+      Stored besides: ``gpuhost_source``, the inventory file.
     """
+    frame = _caller()
     if source is None:
-        source = inspect.stack()[1].filename
+        source = frame.f_code.co_filename
     source = os.path.relpath(source) if os.path.isabs(source) else source
-    return name, {**host_data, SPEC_KEY: validate_spec(source, name, spec)}
+    shown = name if isinstance(name, str) and HOST_NAME_RE.fullmatch(name) else None
+    if shown is None:
+        raise SpecError(
+            source,
+            show(name) if not isinstance(name, str) else name[:60],
+            [
+                f"host name {show(name)} is not a pyinfra host name; write a host name, an "
+                "address or an @connector name, e.g. 'kpro6' or '@local'"
+            ],
+        )
+    problems = _host_data_problems(host_data)
+    if spec is None:
+        problems.insert(0, "no spec: gpu_host() needs spec={...} (see the inventory reference)")
+    registry = _registry(frame, source)
+    if registry is not None and name in registry:
+        problems.insert(
+            0,
+            f"host {name!r} is declared twice in this inventory; declare each host once (put the "
+            "same entry into several groups if it belongs to them)",
+        )
+    host_spec = spec if isinstance(spec, HostSpec) else None
+    if spec is not None and host_spec is None:
+        try:
+            host_spec = validate_spec(source, name, spec)
+        except SpecError as exc:
+            problems += exc.all_problems
+    if problems or host_spec is None:
+        raise SpecError(source, name, problems)
+    data = {"ssh_strict_host_key_checking": "yes", **host_data, SPEC_KEY: host_spec}
+    data[SOURCE_KEY] = source
+    entry = (name, data)
+    if registry is not None:
+        registry[name] = entry
+    return entry
+
+
+def _registry(frame: types.FrameType, source: str) -> dict[str, Any] | None:
+    """The per-run host registry of the inventory file being executed (not of imported modules:
+    a module that is imported, e.g. a test, has a __spec__; a file pyinfra or runpy executes has
+    none)."""
+    namespace = frame.f_globals
+    if namespace.get("__spec__") is not None:
+        return None
+    if _REGISTRY not in namespace:
+        namespace[_REGISTRY] = {}
+        namespace.setdefault(CHECK_GROUP, InventoryCheck(namespace, source))
+    return namespace[_REGISTRY]
+
+
+def _host_groups(namespace: dict[str, Any]) -> Iterator[tuple[str, list[Any]]]:
+    """The groups pyinfra reads from an inventory file's namespace (its _is_inventory_group)."""
+    for key, value in list(namespace.items()):
+        if key.startswith("_") or isinstance(value, InventoryCheck):
+            continue
+        if isinstance(value, tuple) and value and isinstance(value[0], list):
+            value = value[0]
+        if isinstance(value, list | tuple) and all(isinstance(i, str | tuple) for i in value):
+            yield key, list(value)
+
+
+def inventory_problems(namespace: dict[str, Any]) -> list[str]:
+    """Hosts without a gpuhost spec, and host names declared twice, in an executed inventory."""
+    problems: list[str] = []
+    declared: dict[str, int] = {}  # name -> id of the gpu_host() entry
+    names: set[str] = set()
+    plain: dict[str, str] = {}
+    for group, hosts in _host_groups(namespace):
+        for entry in hosts:
+            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict):
+                name = entry[0]
+                if isinstance(entry[1].get(SPEC_KEY), HostSpec):
+                    if declared.get(name, id(entry)) != id(entry):
+                        problems.append(
+                            f"host {show(name)} is declared twice (group {group!r}); declare "
+                            "each host once with gpu_host()"
+                        )
+                    declared.setdefault(name, id(entry))
+                    continue
+                plain.setdefault(name, group)
+            elif isinstance(entry, str):
+                names.add(entry)
+                plain.setdefault(entry, group)
+            else:
+                plain.setdefault(show(entry), group)
+    for name, group in plain.items():
+        if name in declared and name in names:
+            continue  # a reference by name to a host gpu_host() declared
+        if name in declared:
+            problems.append(
+                f"host {show(name)} in group {group!r} has its own data besides its gpu_host() "
+                "entry; put the gpu_host() entry itself into that group"
+            )
+        else:
+            problems.append(
+                f"host {show(name)} in group {group!r} has no gpuhost spec; declare it with "
+                "gpuhost.inventory.gpu_host(name, spec={...}) or move it to another inventory"
+            )
+    return problems
+
+
+class InventoryCheck(list):  # type: ignore[type-arg]
+    """An empty host group that checks the whole inventory file when pyinfra reads it."""
+
+    def __init__(self, namespace: dict[str, Any], source: str) -> None:
+        super().__init__()
+        self._namespace, self._source = namespace, source
+        self._checked = False
+
+    def check(self) -> None:
+        if not self._checked:
+            problems = inventory_problems(self._namespace)
+            if problems:
+                raise InventoryFileError(self._source, problems)
+            self._checked = True
+
+    def __iter__(self) -> Iterator[Any]:
+        self.check()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self.check()
+        return 0
 
 
 def load_inventory(path: str | Path) -> dict[str, tuple[HostSpec, dict[str, Any]]]:
     """Read an inventory file the way pyinfra does and return host -> (spec, other host data)."""
     namespace = runpy.run_path(str(path))
+    source = os.path.relpath(path) if os.path.isabs(path) else str(path)
+    problems = inventory_problems(namespace)
+    if problems:
+        raise InventoryFileError(source, problems)
     hosts: dict[str, tuple[HostSpec, dict[str, Any]]] = {}
-    for key, value in namespace.items():
-        if key.startswith("_") or not isinstance(value, list | tuple):
-            continue
-        entries = value[0] if isinstance(value, tuple) and isinstance(value[0], list) else value
+    for _, entries in _host_groups(namespace):
         for entry in entries:
             if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict):
                 name, data = entry

@@ -27,7 +27,7 @@ def test_defaults() -> None:
     assert (
         host.boot.iommu and host.boot.iommu_passthrough is None and host.boot.acs_override is None
     )
-    assert host.p2p.expected == "auto" and host.guests == []
+    assert host.p2p.expected == "auto" and host.guests == [] and host.boot.snp == "keep"
 
 
 @pytest.mark.parametrize("inventory", ["kpro6", "kpro5"])
@@ -58,7 +58,7 @@ def test_error_names_file_host_field_value_and_fix() -> None:
     (problem,) = problems(
         spec(guests=[{"kind": "lxc", "ctid": 200, "name": "ct", "gpus": ["41:00"]}])
     )
-    assert problem.startswith("guests[0].gpus = ['41:00']:")
+    assert problem.startswith("guests[0].gpus[0] = '41:00':")
     assert "write domain:bus:device.function, e.g. '0000:41:00.0'" in problem
 
 
@@ -74,8 +74,9 @@ def test_every_problem_is_reported_at_once() -> None:
     text = "\n".join(found)
     assert "kernel.version = '6.14'" in text and "e.g. '6.14.8-2-bpo12-pve'" in text
     assert "driver.version = 'latest'" in text
-    assert "boot.acs_override = 'yes': Input should be 'downstream'" in text
-    assert "boot.extra = ['intel_iommu=on']" in text and "use boot.iommu" in text
+    assert "boot.acs_override = 'yes': 'yes' is not a pcie_acs_override value" in text
+    assert "'downstream', 'multifunction' and 'id:vvvv:dddd'" in text
+    assert "boot.extra[0] = 'intel_iommu=on'" in text and "use boot.iommu" in text
     assert "colour: unknown field" in text
     assert len(found) == 5
 
