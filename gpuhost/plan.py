@@ -180,7 +180,7 @@ def _boot_config(
         snp_host=facts.sev.snp_host,
         iommu=boot.iommu,
         iommu_passthrough=boot.iommu_passthrough,
-        snp=getattr(boot, "snp", "keep"),
+        snp=boot.snp,
         acs_override=boot.acs_override,
         pci_realloc=boot.pci_realloc,
         extra=boot.extra,
