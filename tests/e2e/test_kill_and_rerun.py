@@ -21,7 +21,7 @@ import pytest
 
 from gpuhost.inventory import load_inventory
 from tests.e2e.conftest import PYINFRA, ROOT, deploy, inventory, with_driver
-from twin import node
+from twin import processes
 
 pytestmark = pytest.mark.twin
 
@@ -129,7 +129,7 @@ def test_killed_run_converges_on_the_next(
         assert twin.boot_id() == boot_id, output  # killed before any reboot
     else:
         output = kill_when(proc, lambda: twin.boot_id() != boot_id)  # the reboot happened
-        assert node.wait_port(twin.address, 22, timeout=30), output  # the host is back
+        assert processes.wait_port(twin.address, 22, timeout=30), output  # the host is back
     assert final_state(twin.root) != reference, "the kill left nothing to converge"
 
     rerun = deploy(inv)
