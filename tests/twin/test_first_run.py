@@ -74,3 +74,32 @@ def test_stop_says_what_it_did(tmp_path: Path) -> None:
 
 def test_nothing_answers_ssh_on_an_unused_address() -> None:
     assert not node.answers_ssh("127.0.0.254", timeout=0.5)
+
+
+ROOT = Path(__file__).parents[2]
+
+
+def _with_policy(policy: Path, command: str) -> subprocess.CompletedProcess[str]:
+    """gpuhost-setup's with_policy_rc_d around `command`, on a policy-rc.d path of the test's."""
+    script = f'set -euo pipefail; . ./gpuhost-setup; with_policy_rc_d sh -c "{command}"'
+    env = dict(os.environ, GPUHOST_POLICY_RC_D=str(policy))
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def test_setup_keeps_an_existing_policy_rc_d_also_when_apt_fails(tmp_path: Path) -> None:
+    policy = tmp_path / "policy-rc.d"
+    policy.write_text("#!/bin/sh\n# the machine's own\nexit 0\n")
+    policy.chmod(0o700)
+    run = _with_policy(policy, f"grep -q 'exit 101' {policy} && exit 3")
+    assert run.returncode == 3  # the refusing policy was in place while the command ran
+    assert policy.read_text() == "#!/bin/sh\n# the machine's own\nexit 0\n"
+    assert policy.stat().st_mode & 0o777 == 0o700
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy-rc.d"]
+
+
+def test_setup_leaves_no_policy_rc_d_where_there_was_none(tmp_path: Path) -> None:
+    policy = tmp_path / "policy-rc.d"
+    assert _with_policy(policy, f"test -x {policy}").returncode == 0
+    assert not policy.exists()
+    assert _with_policy(policy, "kill -TERM \\$PPID; sleep 1").returncode != 0  # interrupted
+    assert list(tmp_path.iterdir()) == []
