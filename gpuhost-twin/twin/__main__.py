@@ -15,6 +15,8 @@ import sys
 import time
 
 from twin import node
+from twin.errors import TwinError
+from twin.rootfs import RootfsError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +41,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if os.geteuid() != 0 and args.cmd in ("start", "stop", "shell"):
         parser.error("twins need root (mounts, chroot sshd, LXC)")
+    try:
+        return _run(parser, args)
+    except (TwinError, RootfsError) as exc:
+        print(f"python -m twin {args.cmd}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.cmd == "start":
         t0 = time.monotonic()
         twins = node.start_fleet(args.n, args.profile, args.first)
@@ -52,18 +62,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"connect: ssh -F {node.ssh_config()} root@{twins[0].address}", file=sys.stderr)
     elif args.cmd == "stop":
         if args.all:
-            node.stop_all()
+            stopped = node.stop_all()
+            print(f"stopped {', '.join(stopped)}" if stopped else "no twins running")
         elif not args.names:
             parser.error("name twins to stop, or --all")
         for name in args.names:
-            node.stop(name)
+            print(f"stopped {name}" if node.stop(name) else f"{name}: no such twin")
     elif args.cmd == "list":
-        for t in node.list_twins():
-            up = "up" if node.is_up(t) else "down (python -m twin stop to clean up)"
+        twins = node.list_twins()
+        if not twins:
+            print("no twins running (start one: python -m twin start --profile kpro6)")
+        problem = node.port_22_problem() if twins else None
+        for t in twins:
+            up = node.state(t)
             broken = " BOOT-ERROR" if (t.dir / "boot-error").exists() else ""
             print(f"{t.name}\t{t.address}\t{t.profile or 'bare'}\t{up}{broken}")
             for state in sorted((t.root / "run/gpuhost-twin/ct").glob("*.json")):
                 print(f"  CT {state.stem}\t{t.guest_address(int(state.stem))}\trunning")
+        if problem:
+            print(f"warning: {problem}")
     elif args.cmd == "shell":
         twin = node.Twin.load(args.name)
         address = twin.address if args.ct is None else twin.guest_address(args.ct)

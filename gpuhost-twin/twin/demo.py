@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 INVENTORY = "inventory/twin.py"
+DEFAULT_PROFILE = "kpro6"
 
 
 def add_command(sub: Any) -> argparse.ArgumentParser:
     """Add `twin` to gpuhost's subcommands (sub: argparse's subparsers action)."""
     twin = sub.add_parser("twin", help="provision a local simulated host (starts one if needed)")
-    twin.add_argument("--profile", default="kpro6", help="hardware profile of a new twin")
+    twin.add_argument(
+        "--profile",
+        default=None,
+        help=f"hardware profile of a new twin (default {DEFAULT_PROFILE}); ignored when one runs",
+    )
     twin.add_argument("--dry", action="store_true", help="show the plan and changes only")
     twin.add_argument(
         "--no-driver",
@@ -39,15 +44,32 @@ def run(args: argparse.Namespace) -> int:
     import gpuhost
     from gpuhost.inventory import load_inventory
     from twin import driver, node
+    from twin.errors import TwinError
+    from twin.rootfs import RootfsError
 
     if os.geteuid() != 0:
         raise PyinfraError("twins need root (overlay mounts, chroot sshd): run with sudo")
     # developer twins only (inventory/twin.py's hosts): test sessions' twins (index >= 200) are theirs
     running = [t for t in node.list_twins() if t.index < node.FIRST_TEST_INDEX and node.is_up(t)]
-    if not running:
-        print(f"starting a {args.profile} twin...", file=sys.stderr)
-        running = node.start_fleet(1, args.profile)
+    try:
+        if not running:
+            profile = args.profile or DEFAULT_PROFILE
+            print(f"starting a {profile} twin...", file=sys.stderr)
+            running = node.start_fleet(1, profile)
+        else:
+            problem = node.port_22_problem()
+            if problem:
+                raise TwinError(problem)
+    except (TwinError, RootfsError) as exc:
+        raise PyinfraError(str(exc)) from None
     twin = running[0]
+    if args.profile is not None and args.profile != (twin.profile or "bare"):
+        print(
+            f"--profile {args.profile} ignored: {twin.name} already runs as "
+            f"{twin.profile or 'bare'} and is provisioned as it is; for a {args.profile} twin "
+            f"stop it first (python -m twin stop {twin.name})",
+            file=sys.stderr,
+        )
     checkout = Path(gpuhost.__file__).resolve().parents[1]
     spec, _ = load_inventory(INVENTORY)[twin.name]
     if args.driver and driver.install(twin, spec.driver.version):

@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -104,6 +105,59 @@ def load_profile(name: str) -> Any:
 
 
 # ---------------------------------------------------------------- fleet-wide
+
+
+# What starting a twin needs on the machine (gpuhost-twin/twin/APT_PACKAGES installs them).
+TOOLS = ("debootstrap", "sshd", "ssh-keygen", "ssh", "lxc-start", "lxc-attach", "mount", "unshare")
+SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+INSTALL_HINT = "apt-get install $(grep -v '^#' gpuhost-twin/twin/APT_PACKAGES)"
+WILDCARD_SSHD = (
+    "the machine's own sshd listens on all addresses, port 22 ({where}); twins need "
+    "127.0.0.N:22: stop it (systemctl stop ssh) or set ListenAddress in /etc/ssh/sshd_config "
+    "to specific addresses"
+)
+
+
+def missing_tools() -> list[str]:
+    return [t for t in TOOLS if not shutil.which(t, path=SBIN_PATH)]
+
+
+def wildcard_port_22(tcp: str, tcp6: str = "") -> list[str]:
+    """LISTEN sockets on every address, port 22, in /proc/net/tcp and tcp6 text (0.0.0.0:22, [::]:22).
+
+    Such a socket takes 127.0.0.N:22 from every twin's sshd (and, for [::], IPv4 too)."""
+    found = []
+    for text, label in ((tcp, "0.0.0.0:22"), (tcp6, "[::]:22")):
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 4 or fields[3] != "0A":  # 0A: TCP_LISTEN
+                continue
+            addr, _, port = fields[1].partition(":")
+            if port.upper() == "0016" and set(addr) == {"0"}:
+                found.append(label)
+    return sorted(set(found))
+
+
+def port_22_problem() -> str | None:
+    """Why twins' sshds cannot listen here, or None: a system sshd on 0.0.0.0:22 / [::]:22."""
+    texts = []
+    for name in ("tcp", "tcp6"):
+        try:
+            texts.append(Path(f"/proc/net/{name}").read_text())
+        except OSError:
+            texts.append("")
+    where = wildcard_port_22(*texts)
+    return WILDCARD_SSHD.format(where=", ".join(where)) if where else None
+
+
+def check_machine() -> None:
+    """Fail with one line saying what to do when this machine cannot run twins."""
+    missing = missing_tools()
+    if missing:
+        raise TwinError(f"missing {', '.join(missing)}; install with: {INSTALL_HINT}")
+    problem = port_22_problem()
+    if problem:
+        raise TwinError(problem)
 
 
 def ensure_fleet() -> None:
@@ -283,6 +337,7 @@ def start(twin: Twin) -> None:
 
 def start_fleet(count: int, profile: str | None, first: int = 1) -> list[Twin]:
     """Start twin<first>..twin<first+count-1> concurrently (skipping ones already running)."""
+    check_machine()
     base = rootfs.ensure_base()
     ensure_fleet()
     _prune_bases(keep={base, *(Path(t.base) for t in list_twins())})
@@ -319,11 +374,13 @@ def _bring_up(twin: Twin) -> None:
         raise TwinError(f"{twin.name}: {exc}") from None  # picklable across the process pool
 
 
-def stop(name: str) -> None:
-    """Stop a twin and remove it: supervisor, sshd, sessions, guests, mounts and state."""
+def stop(name: str) -> bool:
+    """Stop a twin and remove it: supervisor, sshd, sessions, guests, mounts and state.
+
+    False when there was no such twin."""
     tdir = STATE_ROOT / name
     if not tdir.exists():
-        return
+        return False
     pidfile = tdir / "supervisor.pid"
     if pidfile.exists():
         pid = int(pidfile.read_text())
@@ -340,12 +397,15 @@ def stop(name: str) -> None:
     unmount_below(tdir)
     shutil.rmtree(tdir)
     write_known_hosts()
+    return True
 
 
-def stop_all() -> None:
+def stop_all() -> list[str]:
+    """Stop every twin; returns the names stopped."""
     names = [p.parent.name for p in STATE_ROOT.glob("*/twin.json")] if STATE_ROOT.is_dir() else []
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
         list(pool.map(stop, names))
+    return sorted(names, key=lambda n: (len(n), n))
 
 
 # ---------------------------------------------------------------- processes and mounts
@@ -358,6 +418,25 @@ def is_up(twin: Twin) -> bool:
     except (FileNotFoundError, ValueError):
         return False
     return (twin.dir / "ready").exists() and _alive(pid) and _is_supervisor(pid, twin.dir)
+
+
+def answers_ssh(address: str, timeout: float = 2.0) -> bool:
+    """Something on address:22 accepts a TCP connection and greets with an SSH banner."""
+    try:
+        with socket.create_connection((address, 22), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            return sock.recv(256).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def state(twin: Twin) -> str:
+    """'up', or 'down (why and what to do)': for `twin list`."""
+    if not is_up(twin):
+        return f"down (its supervisor is not running: python -m twin stop {twin.name})"
+    if not answers_ssh(twin.address):
+        return f"down (no SSH answer on {twin.address}:22; see {twin.dir / 'sshd.log'})"
+    return "up"
 
 
 def _is_supervisor(pid: int, tdir: Path) -> bool:

@@ -18,7 +18,6 @@ skip with the reason; under CI (env CI set) they fail instead, since CI must rea
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,8 +28,8 @@ import pytest
 
 from twin import node, processes
 
-TOOLS = ("debootstrap", "sshd", "ssh-keygen", "ssh", "lxc-start", "lxc-attach", "mount", "unshare")
-SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TOOLS = node.TOOLS
+SBIN_PATH = node.SBIN_PATH
 # A bare twin (no profile) has no Proxmox install: this lays out /etc/pve as pmxcfs shows it.
 PVE_DIRS = (
     "n=$(cat /etc/hostname); mkdir -p /etc/pve/nodes/$n/lxc; ln -sfn nodes/$n/lxc /etc/pve/lxc"
@@ -44,14 +43,12 @@ def support_problem() -> str | None:
     """Why twins cannot run here, or None."""
     if os.geteuid() != 0:
         return "twins need root (overlay mounts, chroot sshd, LXC)"
-    missing = [t for t in TOOLS if not shutil.which(t, path=SBIN_PATH)]
+    missing = node.missing_tools()
     if missing:
-        return (
-            f"missing {', '.join(missing)}: apt-get install $(cat gpuhost-twin/twin/APT_PACKAGES)"
-        )
+        return f"missing {', '.join(missing)}: {node.INSTALL_HINT}"
     if "overlay" not in Path("/proc/filesystems").read_text():
         return "the kernel has no overlayfs"
-    return None
+    return node.port_22_problem()
 
 
 def require_twins() -> None:

@@ -15,6 +15,8 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +184,16 @@ def ensure_base(log: bool = True) -> Path:
 
 
 def _build(target: Path, mirror: Mirror, log: bool) -> None:
+    """debootstrap + _setup into target; the installer's output goes to CACHE_ROOT/build.log."""
+    if not shutil.which("debootstrap", path="/usr/sbin:/usr/bin:/sbin:/bin"):
+        raise RootfsError(
+            "debootstrap is missing; install with: "
+            "apt-get install $(grep -v '^#' gpuhost-twin/twin/APT_PACKAGES)"
+        )
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if log else (lambda msg: None)
+    logfile = CACHE_ROOT / "build.log"
+    t0 = time.monotonic()
+    say(f"building the twin base (one time, about a minute; cached in {CACHE_ROOT})")
     tmp = target.with_name(target.name + ".building")
     if tmp.exists():
         _unmount_below(tmp)
@@ -192,17 +204,25 @@ def _build(target: Path, mirror: Mirror, log: bool) -> None:
     if mirror.keyring:
         cmd.append(f"--keyring={mirror.keyring}")
     cmd += [SUITE, str(tmp), mirror.uri]
-    out = None if log else subprocess.DEVNULL
+    say(f"  debootstrap {SUITE} from {mirror.uri} (installer output: {logfile})")
     try:
-        subprocess.run(cmd, check=True, stdout=out, stderr=out)
-        _setup(tmp)
+        with open(logfile, "w") as out:
+            out.write(" ".join(cmd) + "\n")
+            out.flush()
+            subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT)
+            say(f"  packages installed ({time.monotonic() - t0:.0f} s); setting up the base")
+            _setup(tmp)
     except (subprocess.CalledProcessError, OSError) as exc:
-        _unmount_below(tmp)
-        raise RootfsError(f"building the twin base failed: {exc}") from exc
+        tail = logfile.read_text(errors="replace").splitlines()[-5:] if logfile.exists() else []
+        raise RootfsError(
+            f"building the twin base failed: {exc}; see {logfile}, which ends:\n  "
+            + "\n  ".join(tail)
+        ) from exc
     finally:
         _unmount_below(tmp)  # debootstrap can leave proc/sys mounted when it fails
     (tmp / ".gpuhost-twin-base").write_text(recipe_hash() + "\n")
     tmp.rename(target)
+    say(f"  twin base ready in {time.monotonic() - t0:.0f} s: {target}")
 
 
 def _unmount_below(path: Path) -> None:
