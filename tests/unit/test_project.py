@@ -11,14 +11,17 @@ ROOT = Path(__file__).parents[2]
 
 def test_ruff_lint_is_clean() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_ruff_format_is_clean() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--check", "."],
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."],
         cwd=ROOT,
         capture_output=True,
         text=True,
