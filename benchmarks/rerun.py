@@ -51,6 +51,13 @@ def measure(deploy: Path, runs: int, hosts: int) -> str:
     return f"median {statistics.median(times):.2f} s (min {min(times):.2f}), {sorted(commands)} commands/host"
 
 
+def stop_developer_twins() -> None:
+    """Stop twin1..N only: test sessions' twins (index 200 up) belong to running tests."""
+    for twin in node.list_twins():
+        if twin.index < node.FIRST_TEST_INDEX:
+            node.stop(twin.name)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -58,7 +65,7 @@ def main() -> int:
     args = parser.parse_args()
     deploy = ROOT / "deploys" / "gpu_host.py"
     for size in (int(n) for n in args.fleet.split(",")):
-        node.stop_all()
+        stop_developer_twins()
         t0 = time.monotonic()
         twins = node.start_fleet(size, "kpro6")
         print(f"fleet of {size}: up in {time.monotonic() - t0:.1f} s", flush=True)
@@ -68,7 +75,7 @@ def main() -> int:
         print(f"  first (converging) run:        {first:.2f} s", flush=True)
         print(f"  converged gpu_host.py re-run:  {measure(deploy, args.runs, size)}", flush=True)
         print(f"  one-operation deploy:          {measure(ONE_OP, args.runs, size)}", flush=True)
-    node.stop_all()
+    stop_developer_twins()
     return 0
 
 
