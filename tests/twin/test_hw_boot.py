@@ -262,7 +262,10 @@ def test_uvm_majors_change_every_boot_and_nodes_follow(
     for _ in range(4):
         ht.boot_root(root, "h200x2")
         assert not (root / "dev/nvidia-uvm").exists()  # only nvidia-modprobe -u makes it
+        assert not (root / "dev/nvidia-caps").exists()  # nor these: only nvidia-modprobe -f
         assert ht.run(root, "nvidia-modprobe", "-u", "-c=0").returncode == 0
+        cap = "/proc/driver/nvidia/capabilities/mig/config"
+        assert ht.run(root, "nvidia-modprobe", "-f", cap).returncode == 0
         devices = dict(
             reversed(line.split(None, 1))
             for line in read(root, "proc/devices").split("\n\n")[0].splitlines()[1:]
