@@ -11,6 +11,7 @@ The boot configuration snapshot and the kernel choice: kernel_choice.py; modules
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import time
@@ -53,6 +54,7 @@ def simulate_boot(
     _platform(hw, profile)
     _write_proc(hw, profile)
     hwsim.layout_pci(hw)
+    _iommu_units(hw, profile)
     for f in ("sys/devices/system", "sys/module"):
         hw.p(f).mkdir(parents=True, exist_ok=True)
     hw.save()
@@ -75,13 +77,32 @@ def write_profile(root: Path, profile: Profile) -> None:
 
 
 # -- platform: IOMMU, SNP, groups -------------------------------------------------------------------
+# drivers/iommu/amd/init.c parse_amd_iommu_options (6.8-6.14)
+AMD_IOMMU_OPTIONS = {
+    "fullflush",
+    "force_enable",
+    "off",
+    "force_isolation",
+    "pgtbl_v1",
+    "pgtbl_v2",
+    "irtcachedis",
+    "nohugepages",
+    "v2_pgsizes_only",
+}
+
+
 def _platform(hw: hwsim.Hw, profile: Profile) -> None:
     params = hw.state["cmdline"].split()
     keys = {p.partition("=")[0]: p.partition("=")[2] for p in params}
-    if profile.cpu.vendor == "Intel":
-        iommu = keys.get("intel_iommu", "").startswith("on")
-    else:
-        iommu = keys.get("amd_iommu") != "off"
+    unknown = []
+    if profile.cpu.vendor == "Intel":  # intel_iommu_setup(): on/off among comma-separated options
+        words = keys.get("intel_iommu", "").split(",")
+        iommu = "on" in words or (profile.quirks.intel_iommu_default_on and "off" not in words)
+        iommu = iommu and "off" not in words
+    else:  # parse_amd_iommu_options(): "on" is no option; unknown ones are logged and ignored
+        words = [w for w in keys.get("amd_iommu", "").split(",") if w]
+        iommu = "off" not in words
+        unknown = [w for w in words if w not in AMD_IOMMU_OPTIONS]
     iommu = iommu and keys.get("iommu") != "off"
     identity = keys.get("iommu") == "pt" or keys.get("iommu.passthrough") in ("1", "on", "y")
     domain = "identity" if identity else ("DMA" if keys.get("iommu.strict") == "1" else "DMA-FQ")
@@ -105,6 +126,8 @@ def _platform(hw: hwsim.Hw, profile: Profile) -> None:
     hw.klog(f"Kernel command line: {hw.state['cmdline']}")
     for line in profile.dmesg:
         hw.klog(line)
+    for word in unknown:
+        hw.klog(f"AMD-Vi: Unknown option - '{word}'")
     if profile.quirks.sev_snp and not snp:
         # amd_iommu refuses SNP when the IOMMU is off or in passthrough (identity) mode.
         hw.klog(
@@ -123,6 +146,21 @@ def _platform(hw: hwsim.Hw, profile: Profile) -> None:
     hw.klog(f"iommu: Default domain type: {shown}")
     if not identity:
         hw.klog("iommu: DMA domain TLB invalidation policy: lazy mode")
+
+
+def _iommu_units(hw: hwsim.Hw, profile: Profile) -> None:
+    """/sys/class/iommu/<unit>: one per IOMMU unit while the IOMMU is on (ivhdN / dmarN)."""
+    top = hw.p("sys/class/iommu")
+    shutil.rmtree(top, ignore_errors=True)
+    top.mkdir(parents=True)
+    if not hw.state["iommu"]:
+        return
+    prefix = "dmar" if profile.cpu.vendor == "Intel" else "ivhd"
+    roots = sorted({d.bdf.rsplit(":", 1)[0] for d in profile.pci_devices})  # one per segment:bus
+    for n in range(max(1, min(len(roots), 4))):
+        unit = hw.p(f"sys/devices/virtual/iommu/{prefix}{n}")
+        unit.mkdir(parents=True, exist_ok=True)
+        os.symlink(f"../../devices/virtual/iommu/{prefix}{n}", top / f"{prefix}{n}")
 
 
 def _write_proc(hw: hwsim.Hw, profile: Profile) -> None:

@@ -190,6 +190,8 @@ class Kernel(_Model):
 class Quirks(_Model):
     # SEV-SNP forces a translating IOMMU: P2P DMA between GPUs silently corrupts data.
     sev_snp: bool = False
+    # Intel: the kernel's CONFIG_INTEL_IOMMU_DEFAULT_ON (IOMMU on without intel_iommu=on).
+    intel_iommu_default_on: bool = False
 
 
 class Nvidia(_Model):

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from twin import guests, mounts, node, processes
+from twin import guests, mounts, node, processes, units
 
 RUN = "run/gpuhost-twin"
 API_PORT = 8006
@@ -84,6 +84,12 @@ class Supervisor:
             self.write_uptime()
         if bricked:
             return
+        # systemd's part of the boot: enabled oneshot units, after the modules, before guests.
+        try:
+            for unit, rc in units.run_boot_units(self.root).items():
+                log(f"boot unit {unit}: exit status {rc}")
+        except Exception:
+            log(f"boot units failed:\n{traceback.format_exc()}")
         if self.profile is not None:
             from twin.pve import api
 

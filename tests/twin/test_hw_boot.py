@@ -135,6 +135,47 @@ def test_amd_iommu_is_on_by_default_one_group_per_gpu(tmp_path: Path) -> None:
     assert read(root, "sys/kernel/iommu_groups/12/type") == "DMA-FQ\n"
 
 
+def test_iommu_options_the_kernel_knows(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    refresh(root, cmdline="root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on iommu=pt")
+    ht.boot_root(root, "kpro6")
+    assert state(root)["iommu"]  # "on" is no amd_iommu option: ignored, logged
+    assert "AMD-Vi: Unknown option - 'on'" in read(root, hwsim.DMESG)
+    assert read(root, "sys/kernel/iommu_groups/12/type") == "identity\n"
+    assert [p.name for p in (root / "sys/class/iommu").iterdir()]
+    for off in ("amd_iommu=off", "iommu=off"):
+        refresh(root, cmdline=f"root=ZFS=rpool/ROOT/pve-1 boot=zfs {off}")
+        ht.boot_root(root, "kpro6")
+        assert not state(root)["iommu"] and groups(root) == {}
+        assert not list((root / "sys/class/iommu").iterdir())
+        assert "Unknown option" not in read(root, hwsim.DMESG)
+    refresh(root, cmdline="root=ZFS=rpool/ROOT/pve-1 boot=zfs iommu.passthrough=1")
+    ht.boot_root(root, "kpro6")
+    assert read(root, "sys/kernel/iommu_groups/12/type") == "identity\n"
+
+
+def test_intel_iommu_default_on_follows_the_profile(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "lumped")
+    base = load_profile("lumped")
+    quirks = base.quirks.model_copy(update={"intel_iommu_default_on": True})
+    profile = base.model_copy(update={"quirks": quirks})
+    boot.simulate_boot(root, profile)
+    assert state(root)["iommu"] and groups(root)
+    units = [p.name for p in (root / "sys/class/iommu").iterdir()]
+    assert units and all(u.startswith("dmar") for u in units)
+    refresh(root, cmdline="root=/dev/mapper/pve-root ro quiet intel_iommu=off")
+    boot.simulate_boot(root, profile)
+    assert not state(root)["iommu"] and groups(root) == {}
+
+
+def test_sev_snp_withdrawn_with_the_iommu_off(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "sevsnp")
+    refresh(root, cmdline="root=ZFS=rpool/ROOT/pve-1 boot=zfs amd_iommu=off")
+    ht.boot_root(root, "sevsnp")
+    assert read(root, "sys/module/kvm_amd/parameters/sev_snp") == "N\n"
+    assert " sev_snp" in read(root, "proc/cpuinfo")  # the CPU still has it
+
+
 # -- kernel choice --------------------------------------------------------------------------------------
 def test_newest_kernel_boots_unless_pinned_and_next_boot_is_one_shot(tmp_path: Path) -> None:
     root = ht.make_root(tmp_path, "kpro6")
@@ -262,7 +303,10 @@ def test_uvm_majors_change_every_boot_and_nodes_follow(
     for _ in range(4):
         ht.boot_root(root, "h200x2")
         assert not (root / "dev/nvidia-uvm").exists()  # only nvidia-modprobe -u makes it
+        assert not (root / "dev/nvidia-caps").exists()  # nor these: only nvidia-modprobe -f
         assert ht.run(root, "nvidia-modprobe", "-u", "-c=0").returncode == 0
+        cap = "/proc/driver/nvidia/capabilities/mig/config"
+        assert ht.run(root, "nvidia-modprobe", "-f", cap).returncode == 0
         devices = dict(
             reversed(line.split(None, 1))
             for line in read(root, "proc/devices").split("\n\n")[0].splitlines()[1:]

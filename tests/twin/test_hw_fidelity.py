@@ -109,7 +109,15 @@ def h200(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "etc/modules-load.d").mkdir(parents=True, exist_ok=True)
     (root / "etc/modules-load.d/nvidia.conf").write_text("nvidia\nnvidia_uvm\n")
     ht.boot_root(root, "h200x2")
-    assert ht.run(root, "nvidia-modprobe", "-u", "-c=0").returncode == 0
+    # What the capture host's boot unit did (files/nvidia-device-nodes): load makes no nodes.
+    for args in (
+        ["-c", "0"],
+        ["-c", "1"],
+        ["-u", "-c", "0"],
+        ["-f", "/proc/driver/nvidia/capabilities/mig/config"],
+        ["-f", "/proc/driver/nvidia/capabilities/mig/monitor"],
+    ):
+        assert ht.run(root, "nvidia-modprobe", *args).returncode == 0
     return root
 
 

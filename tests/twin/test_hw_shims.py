@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,28 @@ def test_nvidia_modprobe_makes_uvm_nodes_with_the_live_major(kpro6: Path) -> Non
     assert os.minor((kpro6 / "dev/nvidia-uvm-tools").stat().st_rdev) == 1
     assert f"{major} nvidia-uvm\n" in (kpro6 / "proc/devices").read_text()
     assert ht.run(kpro6, "nvidia-modprobe", "-c=9").returncode == 1  # no GPU with minor 9
+
+
+@needs_build
+def test_nodes_come_only_from_nvidia_modprobe(tmp_path: Path) -> None:
+    root = ht.make_root(tmp_path, "kpro6")
+    ht.ModuleCache().install(root, NEW)
+    ht.boot_root(root, "kpro6")
+    hw = hwsim.Hw(root)
+    assert hw.loaded("nvidia") and not list((root / "dev").glob("nvidia*"))
+    info = sorted((root / "proc/driver/nvidia/gpus").glob("*/information"))[0].read_text()
+    assert "Device Minor: \t 0\n" in info  # the H200 capture's line
+    assert ht.run(root, "nvidia-modprobe", "-c", "1").returncode == 0
+    assert sorted(p.name for p in (root / "dev").glob("nvidia*")) == ["nvidia1", "nvidiactl"]
+    assert (root / "dev/nvidiactl").stat().st_rdev == os.makedev(195, 255)
+    cap = "/proc/driver/nvidia/capabilities/mig/monitor"
+    assert "DeviceFileMinor: 2\n" in (root / cap.lstrip("/")).read_text()
+    assert ht.run(root, "nvidia-modprobe", "-f", cap).returncode == 0
+    st = (root / "dev/nvidia-caps/nvidia-cap2").stat()
+    assert st.st_rdev == os.makedev(hw.state["majors"]["nvidia-caps"], 2)
+    assert stat.S_IMODE(st.st_mode) == 0o444
+    assert ht.run(root, "nvidia-modprobe", "-f", "/proc/nope").returncode == 1
+    assert not (root / "dev/nvidia-uvm").exists()
 
 
 @needs_build

@@ -183,3 +183,27 @@ def test_stop_leaves_nothing_behind(twin_fleet):
     assert t.address not in node.known_hosts().read_text()
     assert t.guest(150).address not in node.known_hosts().read_text()
     live.close()
+
+
+def test_boot_runs_enabled_oneshot_units(twin):
+    units = twin.root / "etc/systemd/system"
+    units.mkdir(parents=True, exist_ok=True)
+    for name, cmd in (
+        ("good", "/bin/sh -c 'id -u > /root/ran'"),
+        ("bad", "/bin/sh -c 'echo broken >&2; exit 3'"),
+    ):
+        (units / f"{name}.service").write_text(
+            f"[Unit]\nConditionPathExists=/etc\n[Service]\nType=oneshot\nExecStart={cmd}\n"
+            "[Install]\nWantedBy=multi-user.target\n"
+        )
+    assert twin.run("systemctl enable good bad")[0] == 0
+    assert twin.run("test -e /root/ran")[0] == 1  # enabling runs nothing
+    twin.reboot()
+    assert twin.run("cat /root/ran")[1] == "0\n"  # ran at boot, chrooted, as root
+    assert twin.run("systemctl is-active good bad")[:2] == (3, "active\nfailed\n")
+    rc, out, _ = twin.run("systemctl status bad")
+    assert rc == 3 and "Active: failed (Result: exit-code)" in out and "broken" in out
+    assert twin.run("systemctl show -p ActiveState bad")[1] == "ActiveState=failed\n"
+    twin.run("systemctl disable bad good")
+    twin.reboot()
+    assert twin.run("systemctl is-active bad")[:2] == (3, "inactive\n")

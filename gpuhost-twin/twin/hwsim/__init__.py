@@ -11,7 +11,7 @@ Files it owns under the root:
     /proc/{cmdline,version,modules,devices,uptime,meminfo,cpuinfo,driver/nvidia/...}
     /proc/sys/kernel/random/boot_id
     /sys/{bus/pci,devices/pci*,kernel/iommu_groups,module,devices/system/node}
-    /dev/nvidia*, /dev/nvidia-caps/*   real character device nodes (mknod)
+    /dev/nvidia*, /dev/nvidia-caps/*   real character device nodes, made only by nvidia-modprobe
 
 Module loading rules (the twin's kernel): an out-of-tree module (nvidia*) loads only from a real
 .ko under /lib/modules/<booted>/ (updates/ first, like depmod's default search order) whose

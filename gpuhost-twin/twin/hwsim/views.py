@@ -179,8 +179,12 @@ class KernelViews(Machine):
         for name in ("mig-minors", "nvlink-minors", "sys-minors"):
             self.write(f"proc/driver/nvidia-caps/{name}", "", 0o444)
         self.write("proc/driver/nvidia/capabilities/fabric-imex-mgmt", "", 0o444)
-        self.write("proc/driver/nvidia/capabilities/mig/config", "", 0o444)
-        self.write("proc/driver/nvidia/capabilities/mig/monitor", "", 0o444)
+        for name, (minor, mode) in CAP_FILES.items():  # nv-caps.c nv_cap_procfs_show
+            self.write(
+                f"proc/driver/nvidia/capabilities/{name}",
+                f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n",
+                0o444,
+            )
         firmware = nv["version"] if self._gsp_firmware(nv["version"]) else "N/A"
         for gpu in self.nvidia_gpus():
             self.p(f"proc/driver/nvidia/capabilities/gpu{gpu['minor']}/mig").mkdir(parents=True)
@@ -206,25 +210,44 @@ class KernelViews(Machine):
                 os.chmod(sub, 0o555)
 
     def write_dev_nodes(self) -> None:
-        """/dev/nvidia* as real char nodes; uvm nodes only via make_uvm_nodes (nvidia-modprobe -u)."""
+        """/dev as a module load leaves it: the nvidia driver registers its majors but creates no
+        node (devtmpfs gets none); nodes come only from nvidia-modprobe (make_nodes), and stay
+        until the next boot, like mknod'ed files on a real /dev."""
+        self.p("dev").mkdir(parents=True, exist_ok=True)
+
+    def make_gpu_nodes(self, minors: list[int]) -> bool:
+        """nvidia-modprobe -c N: /dev/nvidiaN for each live minor, and /dev/nvidiactl."""
+        present = {g["minor"] for g in self.nvidia_gpus()}
         dev = self.p("dev")
-        dev.mkdir(parents=True, exist_ok=True)
-        for node in dev.glob("nvidia*"):
-            if node.name.startswith("nvidia-uvm") and self.loaded("nvidia_uvm"):
-                continue  # they stay while the module does (with this boot's major)
-            shutil.rmtree(node) if node.is_dir() and not node.is_symlink() else node.unlink()
-        if not self.loaded("nvidia"):
-            return
-        for gpu in self.nvidia_gpus():
-            mknod(dev / f"nvidia{gpu['minor']}", 195, gpu["minor"], 0o666)
+        for minor in minors:
+            if minor in present:
+                mknod(dev / f"nvidia{minor}", 195, minor, 0o666)
         mknod(dev / "nvidiactl", 195, 255, 0o666)
-        caps = self.state["majors"]["nvidia-caps"]
-        (dev / "nvidia-caps").mkdir(exist_ok=True)
-        os.chmod(dev / "nvidia-caps", 0o755)
-        mknod(dev / "nvidia-caps/nvidia-cap1", caps, 1, 0o400)
-        mknod(dev / "nvidia-caps/nvidia-cap2", caps, 2, 0o444)
+        return all(m in present for m in minors)
+
+    def make_cap_node(self, proc_file: str) -> bool:
+        """nvidia-modprobe -f <capability proc file>: /dev/nvidia-caps/nvidia-capN from its
+        DeviceFileMinor/DeviceFileMode, with this boot's nvidia-caps major."""
+        path = self.p(proc_file)
+        if not path.is_file() or not self.loaded("nvidia"):
+            return False
+        fields = dict(line.split(":", 1) for line in path.read_text().splitlines() if ":" in line)
+        try:
+            minor, mode = int(fields["DeviceFileMinor"]), int(fields["DeviceFileMode"])
+        except (KeyError, ValueError):
+            return False
+        caps = self.p("dev/nvidia-caps")
+        caps.mkdir(parents=True, exist_ok=True)
+        os.chmod(caps, 0o755)
+        mknod(caps / f"nvidia-cap{minor}", self.state["majors"]["nvidia-caps"], minor, mode)
+        return True
 
     def make_uvm_nodes(self) -> None:
         major = self.state["majors"]["nvidia-uvm"]
         mknod(self.p("dev/nvidia-uvm"), major, 0, 0o666)
         mknod(self.p("dev/nvidia-uvm-tools"), major, 1, 0o666)
+
+
+# The driver's capability files and (minor, DeviceFileMode) of their nodes: config 0400 (256),
+# monitor 0444 (292), as nvidia-modprobe -f makes them on an H200 host.
+CAP_FILES = {"mig/config": (1, 256), "mig/monitor": (2, 292)}
