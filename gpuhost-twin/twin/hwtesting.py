@@ -30,6 +30,13 @@ def missing_build_tools(compilers: tuple[str, ...] = ("gcc-12",)) -> str | None:
     return None
 
 
+def needs_root() -> str | None:
+    """Why a test that makes device nodes (mknod) or writes root-only sysfs cannot run here."""
+    if os.geteuid() != 0:
+        return "makes character device nodes and writes root-only sysfs files: run as root"
+    return None
+
+
 def make_root(path: Path, profile: str | Profile) -> Path:
     """A fresh twin root for profile (installed, not booted)."""
     prof = load_profile(profile) if isinstance(profile, str) else profile

@@ -293,6 +293,7 @@ def test_nvreg_options_show_in_proc_params(tmp_path: Path, cache: ht.ModuleCache
 
 
 @needs_build
+@pytest.mark.skipif(ht.needs_root() is not None, reason=ht.needs_root() or "")
 def test_uvm_majors_change_every_boot_and_nodes_follow(
     tmp_path: Path, cache: ht.ModuleCache
 ) -> None:

@@ -13,6 +13,8 @@ from twin import hardware, hwsim
 from twin import hwtesting as ht
 from twin.profile import load_profile
 
+as_root = pytest.mark.skipif(ht.needs_root() is not None, reason=ht.needs_root() or "")
+
 KVER = "6.8.12-9-pve"
 NEW = "6.14.8-2-bpo12-pve"
 SKIP = ht.missing_build_tools()
@@ -112,6 +114,7 @@ def test_modprobe_remove_and_reload(kpro6: Path) -> None:
 
 
 @needs_build
+@as_root
 def test_nvidia_modprobe_makes_uvm_nodes_with_the_live_major(kpro6: Path) -> None:
     assert ht.run(kpro6, "nvidia-modprobe", "-u", "-c=0").returncode == 0
     major = hwsim.Hw(kpro6).state["majors"]["nvidia-uvm"]
@@ -122,6 +125,7 @@ def test_nvidia_modprobe_makes_uvm_nodes_with_the_live_major(kpro6: Path) -> Non
 
 
 @needs_build
+@as_root
 def test_nodes_come_only_from_nvidia_modprobe(tmp_path: Path) -> None:
     root = ht.make_root(tmp_path, "kpro6")
     ht.ModuleCache().install(root, NEW)
@@ -144,6 +148,7 @@ def test_nodes_come_only_from_nvidia_modprobe(tmp_path: Path) -> None:
 
 
 @needs_build
+@as_root
 def test_sysfs_writes_rebind_a_gpu_to_vfio(kpro6: Path) -> None:
     bdf = "0000:c1:00.0"
     (kpro6 / f"sys/bus/pci/devices/{bdf}/driver_override").write_text("vfio-pci\n")

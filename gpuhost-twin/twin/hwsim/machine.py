@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 import time
 import uuid
@@ -39,10 +40,11 @@ class Machine:
     def write(self, path: str, text: str, mode: int = 0o644) -> None:
         target = self.p(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
+        with _writable(target.parent):
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_text(text)
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
 
     def save(self) -> None:
         self.write(STATE, json.dumps(self.state, indent=1, sort_keys=True) + "\n")
@@ -120,6 +122,29 @@ def locked(root: str | Path | None = None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _writable(directory: Path):
+    """The kernel writes its own read-only procfs dirs (dr-xr-xr-x): root does so anyway; a
+    non-root owner of a test root opens the directory for the write and closes it again."""
+    if os.geteuid() == 0 or os.access(directory, os.W_OK):
+        yield
+        return
+    mode = directory.stat().st_mode & 0o7777
+    os.chmod(directory, mode | 0o200)
+    try:
+        yield
+    finally:
+        os.chmod(directory, mode)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a simulated kernel tree, read-only dirs included (see :func:`_writable`)."""
+    if os.geteuid() != 0 and path.is_dir():
+        for sub in [path, *(p for p in path.rglob("*") if p.is_dir() and not p.is_symlink())]:
+            os.chmod(sub, (sub.stat().st_mode & 0o7777) | 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def mknod(path: Path, major: int, minor: int, mode: int) -> None:

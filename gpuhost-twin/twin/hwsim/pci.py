@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 from typing import TYPE_CHECKING
 
 from .catalog import BRIDGE_DRIVER
 from .kofile import norm
-from .machine import Machine
+from .machine import Machine, remove_tree
 
 if TYPE_CHECKING:
     from . import Hw
@@ -92,9 +91,9 @@ def sysfs_path(devices: dict[str, dict], bdf: str) -> str:
 def layout_pci(hw: Hw) -> None:
     """Fresh PCI sysfs: device dirs, bus links, IOMMU groups; bridges bound to pcieport."""
     for tree in ("sys/bus/pci", "sys/kernel/iommu_groups"):
-        shutil.rmtree(hw.p(tree), ignore_errors=True)
+        remove_tree(hw.p(tree))
     for top in hw.p("sys/devices").glob("pci*") if hw.p("sys/devices").is_dir() else []:
-        shutil.rmtree(top)
+        remove_tree(top)
     devices = hw.devices()
     groups = hw.state.get("groups", {})
     paths = {bdf: sysfs_path(devices, bdf) for bdf in devices}

@@ -17,7 +17,7 @@ from .catalog import (
     NVIDIA_SIZES,
 )
 from .kofile import gcc_release, ko_info
-from .machine import Machine, gpu_uuid, mknod
+from .machine import Machine, gpu_uuid, mknod, remove_tree
 
 
 class KernelViews(Machine):
@@ -142,7 +142,7 @@ class KernelViews(Machine):
 
     def write_driver_nvidia(self) -> None:
         for d in ("proc/driver/nvidia", "proc/driver/nvidia-caps", "proc/driver/nvidia-uvm"):
-            shutil.rmtree(self.p(d), ignore_errors=True)
+            remove_tree(self.p(d))
         if not self.loaded("nvidia"):
             return
         nv = self.state["nvidia"]
