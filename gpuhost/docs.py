@@ -14,7 +14,8 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from gpuhost.spec import GRAMMARS, HostSpec, LxcGuest, VmGuest
+from gpuhost.grammar import GRAMMARS
+from gpuhost.spec import HostSpec, LxcGuest, VmGuest
 
 START, END = "<!-- inventory-reference:start -->", "<!-- inventory-reference:end -->"
 README = Path(__file__).parents[1] / "README.md"

@@ -32,7 +32,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pyinfra.api.exceptions import InventoryError
 
-from gpuhost.spec import GUEST_KINDS, HostSpec, is_secret_name, mask_secrets, show
+from gpuhost.redact import is_secret_name, mask_secrets, show
+from gpuhost.spec import GUEST_KINDS, HostSpec
 
 SPEC_KEY = "gpuhost"  # host data key that holds the validated HostSpec
 SOURCE_KEY = "gpuhost_source"  # host data key: the inventory file that declared the host
