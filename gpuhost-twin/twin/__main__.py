@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from twin import node
+from twin import node, processes
 from twin.errors import TwinError
 from twin.rootfs import RootfsError
 
@@ -72,7 +72,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         twins = node.list_twins()
         if not twins:
             print("no twins running (start one: python -m twin start --profile kpro6)")
-        problem = node.port_22_problem() if twins else None
+        problem = processes.port_22_problem() if twins else None
         for t in twins:
             up = node.state(t)
             broken = " BOOT-ERROR" if (t.dir / "boot-error").exists() else ""

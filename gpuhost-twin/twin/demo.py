@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     import gpuhost
     from gpuhost.inventory import load_inventory
-    from twin import driver, node
+    from twin import driver, node, processes
     from twin.errors import TwinError
     from twin.rootfs import RootfsError
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"starting a {profile} twin...", file=sys.stderr)
             running = node.start_fleet(1, profile)
         else:
-            problem = node.port_22_problem()
+            problem = processes.port_22_problem()
             if problem:
                 raise TwinError(problem)
     except (TwinError, RootfsError) as exc:

@@ -5,6 +5,7 @@ Everything works on a plain temp dir (no chroot, no SSH): shims run with TWIN_RO
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from twin import boot, hardware, modbuild
+from twin import boot, hardware, hwsim, modbuild
 from twin.modbuild import ModuleCache  # noqa: F401  (tests build modules through it)
 from twin.profile import Profile, load_profile
 
@@ -88,3 +89,30 @@ def capture(host: str, name: str) -> tuple[str, str, int]:
         (d / f"{name}.out").read_text(),
         int((d / f"{name}.rc").read_text()),
     )
+
+
+# --- reading and changing a test root ---------------------------------------------------------
+
+
+def state(root: Path) -> dict:
+    return json.loads((root / hwsim.STATE).read_text())
+
+
+def read(root: Path, rel: str) -> str:
+    return (root / rel).read_text()
+
+
+def refresh(root: Path, **changes: object) -> None:
+    """What the Proxmox helper's proxmox-boot-tool refresh / update-grub records (boot.BOOTCFG)."""
+    path = root / boot.BOOTCFG
+    cfg = json.loads(path.read_text())
+    cfg.update(changes)
+    path.write_text(json.dumps(cfg))
+
+
+def write(root: Path, rel: str, text: str) -> None:
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).write_text(text)
+
+
+# -- command line ---------------------------------------------------------------------------------

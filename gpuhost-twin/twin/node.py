@@ -34,7 +34,7 @@ from typing import Any
 from twin import rootfs
 from twin.errors import TwinError
 from twin.mounts import mount_overlay, unmount_below
-from twin.processes import _alive, kill_processes
+from twin.processes import _alive, kill_processes, port_22_problem
 
 STATE_ROOT = Path(os.environ.get("GPUHOST_TWIN_STATE", "/var/lib/gpuhost-twin"))
 SHIMS = Path(__file__).parent / "shims"
@@ -111,43 +111,10 @@ def load_profile(name: str) -> Any:
 TOOLS = ("debootstrap", "sshd", "ssh-keygen", "ssh", "lxc-start", "lxc-attach", "mount", "unshare")
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 INSTALL_HINT = "apt-get install $(grep -v '^#' gpuhost-twin/twin/APT_PACKAGES)"
-WILDCARD_SSHD = (
-    "the machine's own sshd listens on all addresses, port 22 ({where}); twins need "
-    "127.0.0.N:22: stop it (systemctl stop ssh) or set ListenAddress in /etc/ssh/sshd_config "
-    "to specific addresses"
-)
 
 
 def missing_tools() -> list[str]:
     return [t for t in TOOLS if not shutil.which(t, path=SBIN_PATH)]
-
-
-def wildcard_port_22(tcp: str, tcp6: str = "") -> list[str]:
-    """LISTEN sockets on every address, port 22, in /proc/net/tcp and tcp6 text (0.0.0.0:22, [::]:22).
-
-    Such a socket takes 127.0.0.N:22 from every twin's sshd (and, for [::], IPv4 too)."""
-    found = []
-    for text, label in ((tcp, "0.0.0.0:22"), (tcp6, "[::]:22")):
-        for line in text.splitlines()[1:]:
-            fields = line.split()
-            if len(fields) < 4 or fields[3] != "0A":  # 0A: TCP_LISTEN
-                continue
-            addr, _, port = fields[1].partition(":")
-            if port.upper() == "0016" and set(addr) == {"0"}:
-                found.append(label)
-    return sorted(set(found))
-
-
-def port_22_problem() -> str | None:
-    """Why twins' sshds cannot listen here, or None: a system sshd on 0.0.0.0:22 / [::]:22."""
-    texts = []
-    for name in ("tcp", "tcp6"):
-        try:
-            texts.append(Path(f"/proc/net/{name}").read_text())
-        except OSError:
-            texts.append("")
-    where = wildcard_port_22(*texts)
-    return WILDCARD_SSHD.format(where=", ".join(where)) if where else None
 
 
 def check_machine() -> None:

@@ -1,5 +1,6 @@
 """Processes of a twin on the machine: who runs chrooted into it, killing them, waiting for a
-port to answer (host side; /proc of the machine, not of the twin)."""
+port to answer, and whether a system sshd takes port 22 from the twins (host side; /proc of
+the machine, not of the twin)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,40 @@ def wait_port(
         except OSError:
             time.sleep(0.02)
     return False
+
+
+# --- the machine's own sshd --------------------------------------------------------------------
+
+WILDCARD_SSHD = (
+    "the machine's own sshd listens on all addresses, port 22 ({where}); twins need "
+    "127.0.0.N:22: stop it (systemctl stop ssh) or set ListenAddress in /etc/ssh/sshd_config "
+    "to specific addresses"
+)
+
+
+def wildcard_port_22(tcp: str, tcp6: str = "") -> list[str]:
+    """LISTEN sockets on every address, port 22, in /proc/net/tcp and tcp6 text (0.0.0.0:22, [::]:22).
+
+    Such a socket takes 127.0.0.N:22 from every twin's sshd (and, for [::], IPv4 too)."""
+    found = []
+    for text, label in ((tcp, "0.0.0.0:22"), (tcp6, "[::]:22")):
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 4 or fields[3] != "0A":  # 0A: TCP_LISTEN
+                continue
+            addr, _, port = fields[1].partition(":")
+            if port.upper() == "0016" and set(addr) == {"0"}:
+                found.append(label)
+    return sorted(set(found))
+
+
+def port_22_problem() -> str | None:
+    """Why twins' sshds cannot listen here, or None: a system sshd on 0.0.0.0:22 / [::]:22."""
+    texts = []
+    for name in ("tcp", "tcp6"):
+        try:
+            texts.append(Path(f"/proc/net/{name}").read_text())
+        except OSError:
+            texts.append("")
+    where = wildcard_port_22(*texts)
+    return WILDCARD_SSHD.format(where=", ".join(where)) if where else None

@@ -48,7 +48,7 @@ def support_problem() -> str | None:
         return f"missing {', '.join(missing)}: {node.INSTALL_HINT}"
     if "overlay" not in Path("/proc/filesystems").read_text():
         return "the kernel has no overlayfs"
-    return node.port_22_problem()
+    return processes.port_22_problem()
 
 
 def require_twins() -> None:

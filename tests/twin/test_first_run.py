@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from twin import node
+from twin import node, processes
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
 
@@ -22,12 +22,12 @@ def _row(local: str, state: str = "0A") -> str:
 
 def test_system_sshd_on_all_ipv4_addresses_is_found() -> None:
     tcp = HEADER + _row("00000000:0016") + _row("0200007F:0016")
-    assert node.wildcard_port_22(tcp) == ["0.0.0.0:22"]
+    assert processes.wildcard_port_22(tcp) == ["0.0.0.0:22"]
 
 
 def test_system_sshd_on_all_ipv6_addresses_is_found() -> None:
     tcp6 = HEADER + _row("00000000000000000000000000000000:0016")
-    assert node.wildcard_port_22(HEADER, tcp6) == ["[::]:22"]
+    assert processes.wildcard_port_22(HEADER, tcp6) == ["[::]:22"]
 
 
 def test_twins_own_sshds_and_other_ports_and_connections_are_not_a_clash() -> None:
@@ -37,11 +37,11 @@ def test_twins_own_sshds_and_other_ports_and_connections_are_not_a_clash() -> No
         + _row("00000000:0050")  # something on 0.0.0.0:80
         + _row("00000000:0016", state="01")  # an established connection, not a listener
     )
-    assert node.wildcard_port_22(tcp, HEADER) == []
+    assert processes.wildcard_port_22(tcp, HEADER) == []
 
 
 def test_the_clash_message_says_what_to_do() -> None:
-    message = node.WILDCARD_SSHD.format(where="0.0.0.0:22")
+    message = processes.WILDCARD_SSHD.format(where="0.0.0.0:22")
     assert "systemctl stop ssh" in message and "ListenAddress" in message
 
 
