@@ -170,3 +170,13 @@ def test_no_driver_fails_like_the_real_nvidia_smi(tmp_path: Path) -> None:
         "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
         "Make sure that the latest NVIDIA driver is installed and running.\n"
     )
+
+
+def test_mig_capability_files_equal_the_capture(h200: Path) -> None:
+    """/proc/driver/nvidia/capabilities/mig/{config,monitor}, as a real H200 host shows them
+    (tests/fixtures/captures/h200x1-nodes), which nvidia-modprobe -f reads to make the nodes."""
+    text = (ht.CAPTURES / "h200x1-nodes" / "device-nodes.txt").read_text()
+    for name in ("config", "monitor"):
+        path = f"/proc/driver/nvidia/capabilities/mig/{name}"
+        real = text.split(f"== {path}\n", 1)[1].split("\n==", 1)[0].split("\n/proc", 1)[0]
+        assert (h200 / path.lstrip("/")).read_text() == real.rstrip("\n") + "\n"

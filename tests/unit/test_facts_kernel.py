@@ -8,6 +8,7 @@ from facts.kernel import (
     parse_char_devices,
     parse_cpu_vendor,
     parse_kernel_build,
+    parse_loaded_modules,
     parse_module_parameters,
     parse_sev_state,
 )
@@ -107,3 +108,13 @@ def test_sev_state_rejects_garbage() -> None:
         parse_sev_state(["cpuflag avx"])
     with pytest.raises(UnparsedOutput):
         parse_sev_state(["/sys/module/kvm_amd/parameters/sev_snp:maybe"])
+
+
+def test_loaded_modules_on_the_real_capture() -> None:
+    """/proc/modules on a real H200 (refcount and dependencies read '-', an (O) taint flag)."""
+    assert parse_loaded_modules(captured("h200x1", "LoadedModules")) == ["nvidia_uvm", "nvidia"]
+
+
+def test_loaded_modules_refuses_other_output() -> None:
+    with pytest.raises(UnparsedOutput):
+        parse_loaded_modules(["Module                  Size  Used by"])  # lsmod, not /proc/modules
