@@ -9,18 +9,10 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from deploys.ops import follow_up, managed_file
+from deploys.ops import apply_files
 from gpuhost.plan import Plan
 
 
 @deploy("Kernel command line")
 def configure(plan: Plan) -> None:
-    loader = next(f for f in plan.follow_ups if f.name == "loader")
-    for item in plan.files.values():
-        if item.concern == "cmdline":
-            managed_file(name=f"Kernel parameters: {item.path}", item=item, follow_ups=[loader])
-    follow_up(
-        name=f"Write the boot loader configuration ({loader.command})",
-        step=loader,
-        files=plan.files,
-    )
+    apply_files(plan, "cmdline", "loader", "Kernel parameters")

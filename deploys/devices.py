@@ -8,15 +8,10 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from deploys.ops import follow_up, managed_file
+from deploys.ops import apply_files
 from gpuhost.plan import Plan
 
 
 @deploy("NVIDIA device nodes")
 def configure(plan: Plan) -> None:
-    reload = next(f for f in plan.follow_ups if f.name == "systemd")
-    for item in plan.files.values():
-        if item.concern == "devices":
-            steps = [reload] if item.path in reload.triggers else []
-            managed_file(name=f"Device nodes: {item.path}", item=item, follow_ups=steps)
-    follow_up(name="Reload systemd units", step=reload, files=plan.files)
+    apply_files(plan, "devices", "systemd", "Device nodes")

@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from deploys.ops import follow_up, managed_file
+from deploys.ops import apply_files
 from gpuhost.plan import Plan
 
 
 @deploy("Module options")
 def configure(plan: Plan) -> None:
-    initramfs = next(f for f in plan.follow_ups if f.name == "initramfs")
-    for item in plan.files.values():
-        if item.concern == "modules":
-            steps = [initramfs] if item.path in initramfs.triggers else []
-            managed_file(name=f"Module configuration: {item.path}", item=item, follow_ups=steps)
-    follow_up(name="Rebuild the initramfs", step=initramfs, files=plan.files)
+    apply_files(plan, "modules", "initramfs", "Module configuration")

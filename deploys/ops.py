@@ -19,7 +19,7 @@ from pyinfra.api.util import format_text
 from pyinfra.operations.util.files import generate_color_diff
 
 from deploys.context import observed
-from gpuhost.plan import STATE_DIR, FollowUp, ManagedFile
+from gpuhost.plan import STATE_DIR, FollowUp, ManagedFile, Plan
 
 
 def _show_diff(path: str, current: str | None, wanted: str | None) -> None:
@@ -143,3 +143,18 @@ def follow_up(step: FollowUp, files: dict[str, ManagedFile]):
         return
     host.log(f"{step.command}: {why}", logger.info)
     yield f"{step.command} && rm -f {shlex.quote(step.marker)}"
+
+
+def apply_files(plan: Plan, concern: str, step_name: str, label: str) -> None:
+    """The Plan's files of one concern, then the follow-up step they trigger (when pending).
+
+    + concern: which of ``plan.files`` ("cmdline", "modules", "devices")
+    + step_name: the follow-up of ``plan.follow_ups`` these files trigger
+    + label: how the operations are named ("Kernel parameters: /etc/kernel/cmdline")
+    """
+    step = next(f for f in plan.follow_ups if f.name == step_name)
+    for item in plan.files.values():
+        if item.concern == concern:
+            steps = [step] if item.path in step.triggers else []
+            managed_file(name=f"{label}: {item.path}", item=item, follow_ups=steps)
+    follow_up(name=f"{step.command} when needed", step=step, files=plan.files)
