@@ -110,12 +110,18 @@ def plan_p2p(
             notes.append(f"P2P {key[0]}->{key[1]}: the driver gave no answer; not checked")
             continue
         ordered[(a, b)] = answers == ("OK", "OK")
+    expected_no: list[str] = []  # plain NS across host bridges/sockets: what the links say too
     for a, b in pairs:
         names = (smi_names[a], smi_names[b])
         link = (links or {}).get(names)
         ok = ordered[(a, b)] and ordered[(b, a)]
         over = f" over a {link} link" if link else ""
-        if not ok:
+        plain_ns = {read.get((x, y)) for x, y in (names, names[::-1])} | {
+            write.get((x, y)) for x, y in (names, names[::-1])
+        } == {"NS"}
+        if not ok and plain_ns and link in ("NODE", "SYS"):
+            expected_no.append(f"{names[0]}<->{names[1]} ({link})")
+        elif not ok:
             said = "; ".join(
                 f"{x}->{y} read {_STATUS.get(read.get((x, y)) or 'U')}, "
                 f"write {_STATUS.get(write.get((x, y)) or 'U')}"
@@ -127,6 +133,11 @@ def plan_p2p(
                 f"P2P {names[0]}<->{names[1]}: the driver reports OK{over} (the link type alone "
                 "would not say so)"
             )
+    if expected_no:
+        notes.append(
+            f"P2P not supported by the driver for {len(expected_no)} pair(s), all across host "
+            f"bridges or sockets: {', '.join(expected_no)}"
+        )
     return _result(ordered, env, notes)
 
 

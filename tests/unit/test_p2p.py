@@ -97,3 +97,24 @@ def test_one_direction_refused_means_no_pair() -> None:
     write = {("GPU0", "GPU1"): "OK", ("GPU1", "GPU0"): "NS"}
     result = plan_p2p(gpus=[(A, 1, True), (B, 1, True)], smi_names=names, read=read, write=write)
     assert result.ordered == {(A, B): True, (B, A): False} and result.pairs == {(A, B): False}
+
+
+def test_plain_not_supported_across_bridges_is_one_summary_note() -> None:
+    """The expected case (NS both ways over NODE/SYS) gives one note, not one per pair."""
+    bdfs = ["0000:01:00.0", "0000:21:00.0", "0000:81:00.0"]
+    names = {bdf: f"GPU{i}" for i, bdf in enumerate(bdfs)}
+    status = {(x, y): "X" if x == y else "NS" for x in names.values() for y in names.values()}
+    links = {(x, y): "X" if x == y else "NODE" for x in names.values() for y in names.values()}
+    links[("GPU0", "GPU2")] = links[("GPU2", "GPU0")] = "SYS"
+    result = plan_p2p(
+        gpus=[(bdf, "ct", True) for bdf in bdfs],
+        smi_names=names,
+        read=status,
+        write=status,
+        links=links,
+    )
+    assert set(result.pairs.values()) == {False}
+    assert result.notes == (
+        "P2P not supported by the driver for 3 pair(s), all across host bridges or sockets: "
+        "GPU0<->GPU1 (NODE), GPU0<->GPU2 (SYS), GPU1<->GPU2 (NODE)",
+    )

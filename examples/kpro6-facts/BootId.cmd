@@ -1,0 +1,1 @@
+cat /proc/sys/kernel/random/boot_id

@@ -1,0 +1,1 @@
+grep -H . /sys/module/kvm_amd/parameters/sev /sys/module/kvm_amd/parameters/sev_es /sys/module/kvm_amd/parameters/sev_snp 2>/dev/null; grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -x -E 'sme|sev|sev_es|sev_snp' | sed 's/^/cpuflag /'; true
