@@ -49,6 +49,7 @@ from facts.proxmox import (
     PveGuestConfigs,
 )
 from facts.snapshot import MISSING_TOOL, Combined
+from gpuhost.hostkeys import unknown_host_key
 from gpuhost.inventory import SPEC_KEY, load_inventory
 
 # key -> (fact class, fact arguments). The key names the snapshot files.
@@ -228,6 +229,9 @@ def gather(hosts: list[tuple[str, dict]]) -> dict[str, dict[str, tuple[int, list
     from pyinfra.api import Config, Inventory, State
     from pyinfra.api.connect import connect_all, disconnect_all
 
+    unknown = [problem for name, data in hosts if (problem := unknown_host_key(name, data))]
+    if unknown:
+        raise PyinfraError("\n".join(unknown))
     # Built here rather than with pyinfra_cli, which monkey-patches the whole process (gevent).
     state = State(Inventory((hosts, {})), Config())
     connect_all(state)
