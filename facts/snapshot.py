@@ -54,8 +54,16 @@ class Combined(FactBase[dict[str, tuple[int, list[str]]]]):
     default = dict
 
     def command(self, commands: tuple[tuple[str, str, str | None], ...]) -> str:
-        return "; ".join(
-            f'echo "{KEY_MARK}{key}"; {framed(cmd, tool)}' for key, cmd, tool in commands
+        # The facts run side by side (nvidia-smi and proxmox-boot-tool take a while each on a
+        # real host), each into its own file, printed in order once all have finished.
+        runs = " ".join(
+            f'{{ echo "{KEY_MARK}{key}"; {framed(cmd, tool)}; }} >"$d/{i}" &'
+            for i, (key, cmd, tool) in enumerate(commands)
+        )
+        files = " ".join(f'"$d/{i}"' for i in range(len(commands)))
+        return (
+            'd=$(mktemp -d "${TMPDIR:-/tmp}/gpuhost-facts.XXXXXX") || exit 1; '
+            f'{runs} wait; cat {files}; rm -rf "$d"'
         )
 
     def process(self, output: list[str]) -> dict[str, tuple[int, list[str]]]:
