@@ -19,6 +19,13 @@ from gpuhost.gpus import model_name, needs_open_modules
 from gpuhost.hostfacts import HostFacts
 from gpuhost.iommu import plan_iommu
 from gpuhost.p2p import plan_p2p
+from gpuhost.reasons import (
+    REBOOT_NOW,
+    Reason,
+    next_boot_kernel,
+    pin_running_kernel,
+    reboot_reasons,
+)
 from gpuhost.spec import HostSpec
 from gpuhost.split import (
     HOST,
@@ -33,8 +40,6 @@ from gpuhost.split import (
 __all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan"]
 
 STATE_DIR = "/var/lib/gpuhost"  # gpuhost's own records on the host (pending steps, last reboot)
-# Concerns whose reboot this deploy makes; the others wait for the deploys that will own them.
-REBOOT_NOW = ("cmdline", "modules")
 
 
 class PlanError(ValueError):
@@ -59,17 +64,6 @@ class GpuAssignment:
     driver_planned: str  # "nvidia" | "vfio-pci"
     owner: Owner
     functions: tuple[str, ...] = ()  # other functions of the board (audio...) that go with it
-
-
-@dataclass(frozen=True)
-class Reason:
-    """Why a reboot will be needed, tagged with the concern that resolves it."""
-
-    concern: str  # "cmdline" | "modules" | "kernel" | "driver" | "binding"
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
 
 
 @dataclass(frozen=True)
@@ -199,23 +193,6 @@ def _boot_config(
     return config, iommu.identity_domains
 
 
-def _version_key(release: str) -> tuple[int, ...]:
-    """Order kernel releases as proxmox-boot-tool does (version sort on the numbers)."""
-    import re
-
-    return tuple(int(n) for n in re.findall(r"\d+", release))
-
-
-def next_boot_kernel(facts: HostFacts) -> str | None:
-    """The kernel a reboot starts now: the next-boot pin, the pin, else the newest installed."""
-    kernels = facts.boot_kernels
-    if kernels is None:
-        return None
-    if kernels.next_boot or kernels.pinned:
-        return kernels.next_boot or kernels.pinned
-    return max(kernels.all, key=_version_key, default=None)
-
-
 def _files(plan_parts: dict[str, tuple[str | None, str]]) -> dict[str, ManagedFile]:
     return {
         path: ManagedFile(path=path, content=content, concern=concern)
@@ -252,8 +229,6 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         )
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
     boot, passthrough = _boot_config(spec, facts, loader, problems, notes)
-    if problems:
-        raise PlanError(host, problems, source)
 
     names = {g.bdf: g.name for g in facts.gpus.gpus}
     all_functions = sorted(facts.pci)
@@ -352,64 +327,17 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         FollowUp("systemd", "systemctl daemon-reload", (modconf.DEVICES_UNIT,)),
     ]
 
-    reasons: list[Reason] = []
     running = facts.cmdline
     add = [p for p in boot.present if p not in running]
     remove = [p for p in boot.absent if p in running]
-    if add or remove:
-        change = " ".join([f"+{p}" for p in add] + [f"-{p}" for p in remove])
-        reasons.append(Reason("cmdline", f"kernel command line changes: {change}"))
-    live = facts.module_parameters
-    if "nouveau" in blacklist and "nouveau" in live:
-        reasons.append(Reason("modules", "nouveau is loaded; the blacklist takes effect at boot"))
-    driver = facts.driver
-    live_uvm = live.get("nvidia_uvm", {})
-    if driver is not None and not live_uvm and "nvidia" in modules_load:
-        reasons.append(Reason("modules", "nvidia_uvm is not loaded; it must load at boot"))
-    for name, value in expected_parameters.get("nvidia_uvm", {}).items():
-        if name in live_uvm and live_uvm[name] != value:
-            text = f"nvidia_uvm {name} is {live_uvm[name]}, must be {value} (module reload)"
-            reasons.append(Reason("modules", text))
-    if kernel.release != spec.kernel.version:
-        text = f"kernel {spec.kernel.version} must boot (running {kernel.release})"
-        reasons.append(Reason("kernel", text))
-    flavour = "open" if spec.driver.open else "proprietary"
-    if driver is None or driver.version != spec.driver.version or driver.open != spec.driver.open:
-        now = (
-            "none loaded"
-            if driver is None
-            else (f"loaded: {driver.version} ({'open' if driver.open else 'proprietary'})")
-        )
-        text = f"NVIDIA driver {spec.driver.version} ({flavour}) must load ({now})"
-        reasons.append(Reason("driver", text))
-    for a in assignments:
-        if a.driver_now != a.driver_planned:
-            text = f"GPU {a.bdf} binds {a.driver_planned} (now {a.driver_now or 'no driver'})"
-            reasons.append(Reason("binding", text))
+    reasons = reboot_reasons(
+        spec, facts, add, remove, blacklist, modules_load, expected_parameters, assignments
+    )
 
-    # Never reboot into a kernel this run did not choose (an apt upgrade may have installed a
-    # newer one, which would boot without a matching nvidia module): pin the running one.
     next_kernel = next_boot_kernel(facts)
-    pin = False
-    if any(r.concern in REBOOT_NOW for r in reasons):
-        if next_kernel is None and facts.boot_kernels is None and loader == "systemd-boot":
-            notes.append("the kernel the next boot starts is unknown (no proxmox-boot-tool)")
-        elif next_kernel is not None and next_kernel != kernel.release:
-            if facts.boot_kernels is None:
-                raise PlanError(
-                    host,
-                    [
-                        f"a reboot would start kernel {next_kernel}, not the running "
-                        f"{kernel.release}, and gpuhost cannot pin it without proxmox-boot-tool; "
-                        f"make {kernel.release} the default boot entry, or remove {next_kernel}"
-                    ],
-                    source,
-                )
-            pin = True
-            notes.append(
-                f"a reboot would start kernel {next_kernel}, not the running {kernel.release}: "
-                f"the deploy pins {kernel.release} first (proxmox-boot-tool kernel pin)"
-            )
+    pin = pin_running_kernel(facts, next_kernel, reasons, problems, notes)
+    if problems:
+        raise PlanError(host, problems, source)
 
     expected = [p for p in running if p not in remove]
     cut = expected.index("--") if "--" in expected else len(expected)

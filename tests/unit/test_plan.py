@@ -389,3 +389,37 @@ def test_identity_domains_follow_sev_snp_not_the_gpu_architecture() -> None:
     # asking for iommu=pt while keeping SNP is refused, with the way out
     (problem,) = refused(host(KPRO6, boot={"iommu_passthrough": True}), kpro6(**snp))
     assert "SEV-SNP" in problem and "boot.snp: give_up" in problem
+
+
+# --- the kernel a reboot would start -------------------------------------------------------------
+
+
+def test_a_reboot_never_starts_a_kernel_the_run_did_not_choose() -> None:
+    # kpro6's kernel list has a newer 6.14 than the running 6.8.12 (an apt upgrade, say)
+    plan = make_plan("kpro6", host(KPRO6, boot={"pci_realloc": True}), kpro6())
+    assert plan.next_boot_kernel == "6.14.8-2-bpo12-pve" and plan.reboot_now
+    assert plan.pin_running_kernel and "(kernel 6.8.12-9-pve is pinned first)" in render_plan(plan)
+
+
+def test_no_pin_without_a_reboot() -> None:
+    raw = kpro6_raw()
+    raw["KernelCmdline"] = (0, ["root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet iommu=pt"])
+    raw["ModuleParameters"] = (0, ["nvidia_uvm uvm_disable_hmm Y"])
+    plan = make_plan("kpro6", host(KPRO6, lxc(200, "rest")), kpro6(**raw))
+    assert not plan.reboot_now and not plan.pin_running_kernel
+
+
+def test_kernel_pin_refusal_comes_with_the_other_problems() -> None:
+    raw = kpro6_raw()
+    raw["KernelBuildInfo"] = (
+        0,
+        [
+            "Linux version 6.8.4-1-pve (build@proxmox) (gcc (Debian 12.2.0-14) 12.2.0, GNU ld "
+            "(GNU Binutils for Debian) 2.40) #1 SMP PREEMPT_DYNAMIC PMX 6.8.4-1 (2024-04-30T11:25Z)"
+        ],
+    )
+    problems = refused(host(KPRO6, vm(129, ["0000:42:00.0"])), kpro6(**raw))
+    assert any("0000:42:00.0 is not an NVIDIA GPU" in p for p in problems)
+    assert any(
+        "not the running 6.8.4-1-pve, which proxmox-boot-tool does not list" in p for p in problems
+    )
