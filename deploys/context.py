@@ -14,12 +14,11 @@ from pyinfra.api.host import Host
 
 from facts.snapshot import Combined
 from gpuhost.hostfacts import HostFacts, combined_args, parse_raw
-from gpuhost.inventory import SPEC_KEY
+from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
 from gpuhost.plan import Plan, PlanError, make_plan
 from gpuhost.render import render_plan
 from gpuhost.spec import HostSpec
 
-SOURCE_KEY = "gpuhost_source"  # host data: the inventory file that declared the host
 _observed: dict[tuple[int, str], HostFacts] = {}
 _plans: dict[tuple[int, str], Plan] = {}
 
