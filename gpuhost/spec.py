@@ -148,9 +148,8 @@ class BootSpec(Model):
     iommu_passthrough: bool | None = Field(
         None,
         description="iommu=pt: host-driver devices get identity (untranslated) IOMMU domains. None "
-        "(auto) adds it unless SEV-SNP is active and boot.snp is 'keep' (SNP forbids identity "
-        "domains, and iommu=pt turns SNP off at boot). true on such a host needs boot.snp "
-        "'give_up'.",
+        "(auto) adds it unless SEV-SNP is active and boot.snp is 'keep' (the two exclude each "
+        "other: iommu=pt turns SNP off at boot). true on such a host needs boot.snp 'give_up'.",
     )
     snp: Literal["keep", "give_up"] = Field(
         "keep",
@@ -176,8 +175,8 @@ class BootSpec(Model):
         "printable ASCII, no spaces, quotes, $, backticks, backslashes, ; & | < > ( ) or #). "
         "Parameters gpuhost manages (intel_iommu, amd_iommu, iommu, iommu.passthrough, "
         "iommu.strict, pcie_acs_override, pci) are refused here: use their fields. Other "
-        "parameters on the host's command line are kept; one with the same name as an item here "
-        "is replaced.",
+        "parameters in the boot loader's configuration are kept; one of yours with the same name "
+        "and another value is refused (gpuhost never overrides what it did not write).",
     )
 
 
