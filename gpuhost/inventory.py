@@ -18,6 +18,7 @@ before any connection:
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import os
 import re
@@ -32,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pyinfra.api.exceptions import InventoryError
 
+from gpuhost.hostkeys import unknown_host_key
 from gpuhost.redact import is_secret_name, mask_secrets, show
 from gpuhost.spec import GUEST_KINDS, HostSpec
 
@@ -283,10 +285,28 @@ def gpu_host(
         raise SpecError(source, name, problems)
     data = {"ssh_strict_host_key_checking": "yes", **host_data, SPEC_KEY: host_spec}
     data[SOURCE_KEY] = source
+    _warn_unknown_host_key(name, data)
     entry = (name, data)
     if registry is not None:
         registry[name] = entry
     return entry
+
+
+_READ_FOR_SPECS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "gpuhost_read", default=False
+)
+
+
+def _warn_unknown_host_key(name: str, data: dict[str, Any]) -> None:
+    """Under the pyinfra CLI (its State exists while the inventory loads, before it connects),
+    say how to add a host key pyinfra is about to refuse; its own refusal does not say."""
+    from pyinfra import logger
+    from pyinfra.context import ctx_state
+
+    if _READ_FOR_SPECS.get() or not ctx_state.isset():
+        return
+    if problem := unknown_host_key(name, data):
+        logger.warning(f"gpuhost: {problem}")
 
 
 def _registry(frame: types.FrameType, source: str) -> dict[str, Any] | None:
@@ -379,7 +399,11 @@ class InventoryCheck(list):  # type: ignore[type-arg]
 
 def load_inventory(path: str | Path) -> dict[str, tuple[HostSpec, dict[str, Any]]]:
     """Read an inventory file the way pyinfra does and return host -> (spec, other host data)."""
-    namespace = runpy.run_path(str(path))
+    token = _READ_FOR_SPECS.set(True)  # no connection follows from this read: no key hints
+    try:
+        namespace = runpy.run_path(str(path))
+    finally:
+        _READ_FOR_SPECS.reset(token)
     source = os.path.relpath(path) if os.path.isabs(path) else str(path)
     problems = inventory_problems(namespace)
     if problems:

@@ -66,3 +66,29 @@ def test_gpuhost_plan_stops_before_connecting(tmp_path: Path) -> None:
     assert run.returncode == 2, run.stderr
     assert f"h200: no host key for 192.0.2.1 in {absent}" in run.stderr
     assert "ssh-keyscan -H 192.0.2.1" in run.stderr
+
+
+def test_pyinfra_run_says_how_to_add_the_key_before_it_connects(tmp_path: Path) -> None:
+    """Under the pyinfra CLI the hint comes while the inventory loads, before pyinfra's own
+    refusal (which names no fix); nothing listens on port 1, so nothing is reached."""
+    inventory = tmp_path / "h200.py"
+    absent = tmp_path / "known_hosts"
+    inventory.write_text(
+        H200_INVENTORY.replace(
+            'ssh_hostname="192.0.2.1",',
+            f'ssh_hostname="127.0.0.1", ssh_port=1, ssh_known_hosts_file="{absent}",',
+        )
+    )
+    pyinfra = Path(sys.executable).parent / "pyinfra"
+    run = subprocess.run(
+        [str(pyinfra), "--dry", str(inventory), "deploys/gpu_host.py"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode != 0
+    hint = f"gpuhost: h200: no host key for [127.0.0.1]:1 in {absent}"
+    assert hint in output and "ssh-keyscan -H -p 1 127.0.0.1" in output
+    assert output.index(hint) < output.index("--> Connecting to hosts")
