@@ -258,3 +258,47 @@ class SevSnp(FactBase[SevState]):
 
     def process(self, output: list[str]) -> SevState:
         return parse_sev_state(output)
+
+
+# --- the NVIDIA modules each installed kernel would load -----------------------------------------
+
+_MODULE_LINE = re.compile(r"^(?P<kernel>[^|/]+)\|(?P<path>[^|]*)\|(?P<vermagic>.*)$")
+
+
+def parse_nvidia_modules(lines: list[str]) -> dict[str, dict[str, str]]:
+    """Kernel release -> NVIDIA module name (nvidia, nvidia_uvm...) -> its vermagic."""
+    kernels: dict[str, dict[str, str]] = {}
+    for line in lines:
+        m = _MODULE_LINE.match(line)
+        if not m:
+            raise UnparsedOutput("NVIDIA modules per kernel", line)
+        modules = kernels.setdefault(m["kernel"], {})
+        if m["path"] != "-":
+            name = m["path"].rsplit("/", 1)[-1].split(".ko")[0].replace("-", "_")
+            modules[name] = m["vermagic"].strip()
+    return kernels
+
+
+class NvidiaModuleFiles(FactBase[dict[str, dict[str, str]]]):
+    """
+    Returns, for every kernel in /lib/modules, the NVIDIA modules installed for it and their
+    vermagic (``{"6.14.8-2-bpo12-pve": {"nvidia": "6.14.8-2-bpo12-pve SMP preempt mod_unload
+    modversions ", ...}}``): a reboot into a kernel without a matching nvidia module leaves
+    the GPUs without a driver.
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        # modinfo where it exists (it reads compressed modules); else the .modinfo strings.
+        return (
+            'for d in /lib/modules/*/; do [ -d "$d" ] || continue; k=${d%/}; k=${k##*/}; '
+            'echo "$k|-|-"; '
+            "find \"$d\" \\( -name 'nvidia.ko*' -o -name 'nvidia-uvm.ko*' \\) 2>/dev/null | sort | "
+            'while read -r f; do v=$(modinfo -F vermagic "$f" 2>/dev/null || '
+            "tr '\\0' '\\n' <\"$f\" | sed -n 's/^vermagic=//p' | head -n 1); "
+            'echo "$k|$f|$v"; done; done'
+        )
+
+    def process(self, output: list[str]) -> dict[str, dict[str, str]]:
+        return parse_nvidia_modules(output)

@@ -310,3 +310,102 @@ class NvidiaGpuInformation(FactBase[dict[str, dict[str, str]]]):
 
     def process(self, output: list[str]) -> dict[str, dict[str, str]]:
         return parse_gpu_information(output)
+
+
+# --- what the next boot and the guests need: firmware, userspace, fabric manager ---------------
+
+_FIRMWARE = re.compile(r"^/lib/firmware/nvidia/(?P<version>[^/]+)/(?P<file>gsp[^/]*\.bin)$")
+
+
+def parse_firmware_files(lines: list[str]) -> dict[str, list[str]]:
+    """Driver version -> GSP firmware files under /lib/firmware/nvidia/<version>/."""
+    found: dict[str, list[str]] = {}
+    for line in lines:
+        m = _FIRMWARE.match(line.strip())
+        if not m:
+            raise UnparsedOutput("/lib/firmware/nvidia/*/gsp*.bin", line)
+        found.setdefault(m["version"], []).append(m["file"])
+    return found
+
+
+class GspFirmwareFiles(FactBase[dict[str, list[str]]]):
+    """
+    Returns the GSP firmware files on disk per driver version, e.g.
+    ``{"595.71.05": ["gsp_ga10x.bin", "gsp_tu10x.bin"]}``: what the open module loads at boot.
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        return "ls -1d /lib/firmware/nvidia/*/gsp*.bin 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> dict[str, list[str]]:
+        return parse_firmware_files(output)
+
+
+_LIB = re.compile(r"^(?P<path>/\S*/(?P<name>libcuda|libnvidia-ml)\.so\.(?P<version>[0-9.]+))$")
+
+
+def parse_userspace(lines: list[str]) -> dict[str, list[str]]:
+    """Library (libcuda, libnvidia-ml) -> the versions of the files the loader resolves."""
+    found: dict[str, list[str]] = {}
+    for line in lines:
+        m = _LIB.match(line.strip())
+        if not m:
+            raise UnparsedOutput("NVIDIA userspace libraries", line)
+        versions = found.setdefault(m["name"], [])
+        if m["version"] not in versions:
+            versions.append(m["version"])
+    return found
+
+
+class NvidiaUserspace(FactBase[dict[str, list[str]]]):
+    """
+    Returns the NVIDIA userspace the dynamic loader resolves: ``{"libcuda": ["595.71.05"],
+    "libnvidia-ml": ["595.71.05"]}`` (more than one version: two installs side by side). It must
+    equal the kernel driver's version, or NVML and CUDA refuse to start.
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        return (
+            "ldconfig -p 2>/dev/null | sed -n 's/^.*\\(libcuda\\|libnvidia-ml\\)\\.so\\.1 .*=> //p' "
+            '| while read -r lib; do readlink -f "$lib"; done | sort -u'
+        )
+
+    def process(self, output: list[str]) -> dict[str, list[str]]:
+        return parse_userspace(output)
+
+
+@dataclass(frozen=True)
+class FabricManager:
+    version: str | None  # the installed nvidia-fabricmanager package version
+    active: str | None  # `systemctl is-active` answer
+
+
+def parse_fabricmanager(lines: list[str]) -> FabricManager:
+    version = active = None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key == "package":
+            version = value.split("-")[0] or None  # 595.71.05-1 -> 595.71.05
+        elif key == "active":
+            active = value or None
+        else:
+            raise UnparsedOutput("nvidia-fabricmanager state", line)
+    return FabricManager(version, active)
+
+
+class NvidiaFabricManager(FactBase[FabricManager]):
+    """Returns the installed nvidia-fabricmanager version and whether its service is active."""
+
+    def command(self) -> str:
+        return (
+            "v=$(dpkg-query -W -f '${Version}' 'nvidia-fabricmanager*' 2>/dev/null | head -c 64); "
+            'echo "package=$v"; '
+            'echo "active=$(systemctl is-active nvidia-fabricmanager.service 2>/dev/null)"'
+        )
+
+    def process(self, output: list[str]) -> FabricManager:
+        return parse_fabricmanager(output)

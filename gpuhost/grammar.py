@@ -46,6 +46,11 @@ ENV_VALUE_RE = re.compile(rf"(?:[{ENV_VALUE_NS}](?:[{ENV_VALUE_CHARS}]*[{ENV_VAL
 PATH_COMPONENT = r"(?!\.\.?(?:/|$))[A-Za-z0-9._+@-]+"
 ABS_PATH_RE = re.compile(rf"(?:/{PATH_COMPONENT})+")
 REL_PATH_RE = re.compile(rf"{PATH_COMPONENT}(?:/{PATH_COMPONENT})*")
+# A GPU model as nvidia-smi names it ("NVIDIA H200", "NVIDIA RTX PRO 6000 Blackwell Workstation
+# Edition"): letters, digits, space, . _ ( ) / - ; no space at either end.
+GPU_MODEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9 ._()/-]{0,94}[A-Za-z0-9)])?")
+# A `nvidia-smi topo -m` link class between two GPUs.
+LINK_RE = re.compile(r"NV[0-9]{1,3}|PIX|PXB|PHB|NODE|SYS")
 MACHINE_RE = re.compile(r"q35|pc|pc-(?:q35|i440fx)-[0-9]{1,2}\.[0-9]{1,2}(?:\+pve[0-9]{1,3})?")
 GIT_REF_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*(?:/[A-Za-z0-9_][A-Za-z0-9._+-]*)*")
 GIT_PATH_CHARS = r"A-Za-z0-9._~+%/-"
@@ -111,6 +116,9 @@ GRAMMARS = {
     "environment value": "printable ASCII without quotes, backslashes, $, backticks, % or control "
     "characters, no space at either end, at most 4096 characters (systemd Environment=, env "
     "files and LXC config lines)",
+    "GPU model (hardware.gpu_model)": "as nvidia-smi names it, e.g. 'NVIDIA H200': letters, "
+    "digits, space and . _ ( ) / -, at most 96 characters",
+    "link class (p2p.link)": "a `nvidia-smi topo -m` class: NV<n>, PIX, PXB, PHB, NODE or SYS",
     "machine type (machine)": "q35, pc-q35-X.Y or pc-q35-X.Y+pveN (pc, pc-i440fx-X.Y only "
     "without GPUs)",
     "git repository (kernel.build.repo)": "https://host[:port]/path, ssh://[user@]host[:port]/path, "

@@ -16,6 +16,7 @@ VFIO_LOAD = "/etc/modules-load.d/gpuhost-vfio.conf"
 DEVICES_UNIT = "/etc/systemd/system/gpuhost-nvidia-devices.service"
 DEVICES_WANTS = "/etc/systemd/system/multi-user.target.wants/gpuhost-nvidia-devices.service"
 DEVICES_SCRIPT = "/usr/local/lib/gpuhost/nvidia-device-nodes"
+DEVICE_FILES = (DEVICES_SCRIPT, DEVICES_UNIT, DEVICES_WANTS)  # the boot unit that makes the nodes
 # Files that matter early in boot: the initramfs carries modprobe.d and modules-load.d, so a
 # blacklist or the vfio modules only take effect from it once it is rebuilt.
 INITRAMFS_FILES = (BLACKLIST, VFIO_LOAD)

@@ -26,7 +26,7 @@ from gpuhost.reasons import (
     pin_running_kernel,
     reboot_reasons,
 )
-from gpuhost.spec import HostSpec
+from gpuhost.spec import HardwareSpec, HostSpec
 from gpuhost.split import (
     HOST,
     Owner,
@@ -122,6 +122,11 @@ class Plan:
     pin_running_kernel: bool = False  # pin it before rebooting: something else would boot
     reboot_reasons: list[Reason] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Device nodes each GPU container needs (ctid -> host paths), and the PCI functions each VM
+    # must be given whole (vmid -> BDFs: its GPUs' boards and the rest of their IOMMU groups).
+    lxc_nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    vm_functions: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    hardware: HardwareSpec | None = None  # the GPUs the host must carry
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -339,6 +344,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     if problems:
         raise PlanError(host, problems, source)
 
+    lxc_nodes, vm_functions = _guest_devices(assignments, facts)
     expected = [p for p in running if p not in remove]
     cut = expected.index("--") if "--" in expected else len(expected)
     expected = expected[:cut] + add + expected[cut:]
@@ -365,4 +371,38 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         pin_running_kernel=pin,
         reboot_reasons=reasons,
         notes=notes,
+        lxc_nodes=lxc_nodes,
+        vm_functions=vm_functions,
+        hardware=spec.hardware,
+    )
+
+
+# The nodes every GPU container needs besides its GPUs' own: the control device and UVM
+# (CUDA's unified memory; cuInit fails without it).
+LXC_COMMON_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+def _guest_devices(
+    assignments: list[GpuAssignment], facts: HostFacts
+) -> tuple[dict[int, tuple[str, ...]], dict[int, tuple[str, ...]]]:
+    """Device nodes per container and PCI functions per VM, from the GPU table."""
+    # The driver numbers GPUs (/dev/nvidiaN) in the order it probes them, which its
+    # information file states; a GPU not on nvidia yet gets its rank among those that will be.
+    on_nvidia = [a for a in assignments if a.driver_planned == "nvidia"]
+    minors: dict[str, str] = {}
+    for rank, a in enumerate(on_nvidia):
+        info = facts.gpu_information.get(a.bdf, {})
+        minors[a.bdf] = info.get("Device Minor", str(rank))
+    lxc: dict[int, list[str]] = {}
+    vm: dict[int, set[str]] = {}
+    for a in assignments:
+        if a.owner.kind == "lxc" and a.owner.id is not None:
+            lxc.setdefault(a.owner.id, []).append(f"/dev/nvidia{minors[a.bdf]}")
+        elif a.owner.kind == "vm" and a.owner.id is not None:
+            group = facts.iommu_groups.get(a.iommu_group, []) if a.iommu_group is not None else []
+            members = {bdf for bdf in group if bdf in facts.pci and not facts.pci[bdf].is_bridge}
+            vm.setdefault(a.owner.id, set()).update({a.bdf, *a.functions, *members})
+    return (
+        {ctid: (*nodes, *LXC_COMMON_NODES) for ctid, nodes in lxc.items()},
+        {vmid: tuple(sorted(bdfs)) for vmid, bdfs in vm.items()},
     )

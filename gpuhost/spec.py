@@ -43,9 +43,11 @@ from gpuhost.values import (
     GccVersion,
     GitRef,
     GitRepo,
+    GpuModel,
     Hostname,
     KernelParam,
     KernelRelease,
+    LinkClass,
     MachineType,
     ModuleName,
     PatchPath,
@@ -299,6 +301,11 @@ class LxcGuest(GuestBase):
         description="How GPU device nodes are granted: 'devN' (Proxmox resolves majors at "
         "start, PVE >= 8.1) or 'raw' (lxc.cgroup2 rules written from the live majors).",
     )
+    privileged: bool = Field(
+        False,
+        description="The container may run privileged (no `unprivileged: 1`). The audit fails a "
+        "privileged GPU container unless this says so.",
+    )
     cuda: list[CudaVersion] = Field(
         default_factory=list,
         max_length=16,
@@ -349,6 +356,20 @@ class P2PSpec(Model):
         "no P2P and set NCCL_P2P_DISABLE=1 for GPU guests (automatic where SEV-SNP is active and "
         "boot.snp is 'keep').",
     )
+    link: LinkClass | None = Field(
+        None,
+        description="The `nvidia-smi topo -m` link class expected between every two GPUs that "
+        "share an owner, e.g. 'NV18' on an NVLink pair; the audit checks it. None: not checked.",
+    )
+
+
+class HardwareSpec(Model):
+    """What the host must carry; the audit fails when the host shows something else."""
+
+    gpus: int = Field(ge=1, le=64, description="Number of NVIDIA GPUs on the PCI bus.")
+    gpu_model: GpuModel | None = Field(
+        None, description="Model of every GPU as nvidia-smi names it, e.g. 'NVIDIA H200'."
+    )
 
 
 class HostSpec(Model):
@@ -363,6 +384,9 @@ class HostSpec(Model):
         default_factory=list, max_length=MAX_ITEMS, description="Containers and VMs that get GPUs."
     )
     p2p: P2PSpec = Field(default_factory=P2PSpec, description="Expected P2P capability.")
+    hardware: HardwareSpec | None = Field(
+        None, description="GPUs the host must carry (audited); None: whatever the host shows."
+    )
 
     @model_validator(mode="wrap")
     @classmethod

@@ -32,9 +32,11 @@ from gpuhost.grammar import (
     GCC_RE,
     GIT_PATH_CHARS,
     GIT_REF_RE,
+    GPU_MODEL_RE,
     HOSTNAME_RE,
     HTTPS_URL_RE,
     KERNEL_RE,
+    LINK_RE,
     MACHINE_RE,
     MANAGED_CMDLINE_KEYS,
     MAX_TEXT,
@@ -131,6 +133,26 @@ ModuleName = Annotated[
         "use lowercase letters, digits and '_' (e.g. 'vfio_pci', not 'vfio-pci')",
         "a-z0-9_",
         64,
+    ),
+]
+GpuModel = Annotated[
+    str,
+    _grammar(
+        GPU_MODEL_RE,
+        "GPU model",
+        "write the model as nvidia-smi names it, e.g. 'NVIDIA H200'",
+        "A-Za-z0-9 ._()/-",
+        96,
+    ),
+]
+LinkClass = Annotated[
+    str,
+    _grammar(
+        LINK_RE,
+        "link class",
+        "write a `nvidia-smi topo -m` class: NV<n> (e.g. NV18), PIX, PXB, PHB, NODE or SYS",
+        "A-Z0-9",
+        6,
     ),
 ]
 MachineType = Annotated[

@@ -27,7 +27,7 @@ def result_name(cuda, rc):
     name = ctypes.c_char_p()
     if cuda.cuGetErrorName(rc, ctypes.byref(name)) == SUCCESS and name.value:
         return name.value.decode()
-    return "CUDA_ERROR_%d" % rc
+    return f"CUDA_ERROR_{rc}"
 
 
 def loaded_path(fragment):
@@ -58,13 +58,13 @@ class Cuda:
 
 class CudaError(Exception):
     def __init__(self, fn, name):
-        super().__init__("%s: %s" % (fn, name))
+        super().__init__(f"{fn}: {name}")
         self.fn, self.name = fn, name
 
 
 def normal_bdf(bus_id):
     domain, rest = bus_id.lower().split(":", 1)
-    return "%04x:%s" % (int(domain, 16), rest)
+    return f"{int(domain, 16):04x}:{rest}"
 
 
 def devices(cu):
@@ -81,8 +81,12 @@ def devices(cu):
         ctx = ctypes.c_void_p()
         cu.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
         found.append(
-            {"bdf": normal_bdf(bus.value.decode()), "name": name.value.decode(), "_dev": dev.value,
-             "_ctx": ctx}
+            {
+                "bdf": normal_bdf(bus.value.decode()),
+                "name": name.value.decode(),
+                "_dev": dev.value,
+                "_ctx": ctx,
+            }
         )
     return found
 
@@ -129,12 +133,18 @@ def copy_check(cu, src, dst, sizes, pattern):
 
 
 def probe(sizes):
-    out = {"libcuda": None, "init": None, "driver_api": None, "devices": [], "copies": [],
-           "error": None}
+    out = {
+        "libcuda": None,
+        "init": None,
+        "driver_api": None,
+        "devices": [],
+        "copies": [],
+        "error": None,
+    }
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError as exc:
-        out["error"] = "libcuda.so.1 cannot be loaded: %s" % exc
+        out["error"] = f"libcuda.so.1 cannot be loaded: {exc}"
         return out
     out["libcuda"] = loaded_path("libcuda.so")
     rc = lib.cuInit(0)

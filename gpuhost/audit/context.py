@@ -1,0 +1,82 @@
+"""What every check reads: the spec, the Plan made from it, and what the host and guests showed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhost.audit.model import Finding
+from gpuhost.audit.observe import GuestView, HostView
+from gpuhost.plan import ManagedFile, Plan
+from gpuhost.spec import HostSpec
+
+REDEPLOY = "re-run the deploy (pyinfra INVENTORY deploys/gpu_host.py)"
+
+
+@dataclass
+class AuditContext:
+    name: str  # the inventory's host name
+    spec: HostSpec
+    plan: Plan
+    host: HostView
+    guests: dict[int, GuestView] = field(default_factory=dict)  # ctid -> what the CT showed
+    sizes: tuple[int, ...] = ()
+    details: dict[str, dict[str, Any]] = field(default_factory=dict)  # per check: for the report
+
+    def details_for(self, key: str) -> dict[str, Any]:
+        return self.details.setdefault(key, {})
+
+    @property
+    def driver_version(self) -> str | None:
+        """The loaded kernel driver's version: the truth every userspace must equal."""
+        driver = self.host.facts.driver
+        return driver.version if driver else None
+
+    def live_major(self, node: str) -> int | None:
+        """The major a device node must carry now, from /proc/devices."""
+        majors = self.host.facts.char_devices
+        name = node.removeprefix("/dev/")
+        if name.startswith("nvidia-uvm"):
+            return majors.get("nvidia-uvm")
+        if name.startswith("nvidia-caps/"):
+            return majors.get("nvidia-caps")
+        return majors.get("nvidia", majors.get("nvidiactl"))
+
+
+def expected_minor(node: str) -> int | None:
+    """The minor of an NVIDIA node: nvidiaN -> N, nvidiactl 255, nvidia-uvm 0, -tools 1."""
+    name = node.removeprefix("/dev/")
+    fixed = {"nvidiactl": 255, "nvidia-uvm": 0, "nvidia-uvm-tools": 1}
+    if name in fixed:
+        return fixed[name]
+    suffix = name.removeprefix("nvidia")
+    return int(suffix) if suffix.isdigit() else None
+
+
+def file_findings(ctx: AuditContext, managed: list[ManagedFile], fix: str) -> list[Finding]:
+    """Managed files that differ from the Plan (content, presence or link target)."""
+    seen = ctx.host.facts.managed
+    if seen is None:
+        return [Finding("managed files", "read", "not captured", fix)]
+    findings = []
+    for f in managed:
+        if f.link is not None:
+            found = seen.links.get(f.path)
+            if found != f.link:
+                findings.append(
+                    Finding(
+                        f.path,
+                        f"a link to {f.link}",
+                        f"link to {found}" if found else "missing",
+                        fix,
+                    )
+                )
+        elif f.content is None:
+            if f.path in seen.files or f.path in seen.links:
+                findings.append(Finding(f.path, "absent", "present", fix))
+        else:
+            found_text = seen.files.get(f.path)
+            if found_text != f.content:
+                state = "missing" if found_text is None else "different content"
+                findings.append(Finding(f.path, "the Plan's content", state, fix))
+    return findings

@@ -1,0 +1,143 @@
+"""Read a host and its GPU guests for the audit: one command for the host, one per container.
+
+The host command is the deploy's batched fact command (gpuhost.hostfacts.FACTS) plus the facts
+only the audit needs, so the Plan the audit checks against is made from exactly what the deploy
+would see. Guests without SSH of their own are read through ``pct exec`` on the host.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra.api import FactBase
+
+from facts._parse import UnparsedOutput
+from facts.cuda import DEFAULT_SIZES, CudaProbe, CudaView
+from facts.devices import DeviceNode, NvidiaDeviceNodes
+from facts.guest import LoginEnvironment
+from facts.kernel import NvidiaModuleFiles
+from facts.nvidia import FabricManager, GspFirmwareFiles, NvidiaFabricManager, NvidiaUserspace
+from facts.snapshot import MISSING_TOOL, Combined, split_combined
+from gpuhost.hostfacts import FACTS, HostFacts, combined_args, parse_raw
+
+# A command runner: command -> (exit status, stdout, stderr). testinfra's host.run, or a guest's.
+Runner = Callable[[str], tuple[int, str, str]]
+
+AUDIT_FACTS: dict[str, type[FactBase]] = {
+    "NvidiaDeviceNodes": NvidiaDeviceNodes,
+    "GspFirmwareFiles": GspFirmwareFiles,
+    "NvidiaUserspace": NvidiaUserspace,
+    "NvidiaFabricManager": NvidiaFabricManager,
+    "NvidiaModuleFiles": NvidiaModuleFiles,
+    "CudaProbe": CudaProbe,
+}
+GUEST_FACTS: dict[str, type[FactBase]] = {
+    "NvidiaDeviceNodes": NvidiaDeviceNodes,
+    "NvidiaUserspace": NvidiaUserspace,
+    "LoginEnvironment": LoginEnvironment,
+    "CudaProbe": CudaProbe,
+}
+
+
+@dataclass
+class HostView:
+    facts: HostFacts
+    nodes: dict[str, DeviceNode]
+    firmware: dict[str, list[str]]
+    userspace: dict[str, list[str]]
+    fabric: FabricManager
+    modules: dict[str, dict[str, str]]
+    cuda: CudaView | None  # None: python3 missing
+
+
+@dataclass
+class GuestView:
+    nodes: dict[str, DeviceNode] = field(default_factory=dict)
+    userspace: dict[str, list[str]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    cuda: CudaView | None = None
+    unreachable: str | None = None  # why the guest could not be read (not running...)
+
+
+def _tool(fact: FactBase) -> str | None:
+    tool = fact.requires_command
+    return tool() if callable(tool) else tool
+
+
+def _commands(
+    facts: dict[str, type[FactBase]], sizes: tuple[int, ...]
+) -> list[tuple[str, str, str | None]]:
+    out = []
+    for key, cls in facts.items():
+        fact = cls()
+        command = fact.command(sizes=sizes) if cls is CudaProbe else fact.command()
+        out.append((key, command, _tool(fact)))
+    return out
+
+
+def host_command(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:
+    deploy = combined_args()["commands"]
+    return Combined().command(tuple(deploy) + tuple(_commands(AUDIT_FACTS, sizes)))
+
+
+def guest_command(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:
+    return Combined().command(tuple(_commands(GUEST_FACTS, sizes)))
+
+
+def in_container(ctid: int, script: str) -> str:
+    """``script`` run inside container ``ctid`` from the host (no SSH into the guest needed)."""
+    return f"pct exec {int(ctid)} -- sh -c {shlex.quote(script)}"
+
+
+def _parse(key: str, cls: type[FactBase], rc: int, lines: list[str]) -> Any:
+    if rc == MISSING_TOOL and _tool(cls()):
+        return None
+    fact = cls()
+    try:
+        return fact.process(lines)
+    except UnparsedOutput:
+        raise
+    except Exception as exc:  # a parser bug must name the fact, not vanish
+        raise UnparsedOutput(key, "\n".join(lines[:3]), str(exc)) from exc
+
+
+def _split(stdout: str) -> dict[str, tuple[int, list[str]]]:
+    return split_combined(stdout.splitlines())
+
+
+def observe_host(run: Runner, sizes: tuple[int, ...] = DEFAULT_SIZES) -> HostView:
+    rc, stdout, stderr = run(host_command(sizes))
+    raw = _split(stdout)
+    missing = [k for k in (*FACTS, *AUDIT_FACTS) if k not in raw]
+    if missing:
+        raise UnparsedOutput(
+            "audit host command", f"exit {rc}: {stderr.strip()[-300:]}", f"no output for {missing}"
+        )
+    value = {k: _parse(k, cls, *raw[k]) for k, cls in AUDIT_FACTS.items()}
+    return HostView(
+        facts=parse_raw({k: raw[k] for k in FACTS}),
+        nodes=value["NvidiaDeviceNodes"] or {},
+        firmware=value["GspFirmwareFiles"] or {},
+        userspace=value["NvidiaUserspace"] or {},
+        fabric=value["NvidiaFabricManager"] or FabricManager(None, None),
+        modules=value["NvidiaModuleFiles"] or {},
+        cuda=value["CudaProbe"],
+    )
+
+
+def observe_guest(run: Runner, sizes: tuple[int, ...] = DEFAULT_SIZES) -> GuestView:
+    rc, stdout, stderr = run(guest_command(sizes))
+    raw = _split(stdout) if "#gpuhost-fact=" in stdout else {}
+    if not raw:
+        why = (stderr or stdout).strip()[-300:] or f"exit status {rc}"
+        return GuestView(unreachable=why)
+    value = {k: _parse(k, cls, *raw[k]) for k, cls in GUEST_FACTS.items() if k in raw}
+    return GuestView(
+        nodes=value.get("NvidiaDeviceNodes") or {},
+        userspace=value.get("NvidiaUserspace") or {},
+        env=value.get("LoginEnvironment") or {},
+        cuda=value.get("CudaProbe"),
+    )

@@ -1,0 +1,127 @@
+"""Audit one inventory host: read it (and its GPU containers), make its Plan, run every check."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from facts.cuda import DEFAULT_SIZES
+from gpuhost.audit import guest_checks, host_checks, p2p_checks  # noqa: F401  (register checks)
+from gpuhost.audit.context import AuditContext
+from gpuhost.audit.model import CHECKS, Check, Finding, NotApplicable, Outcome
+from gpuhost.audit.observe import GuestView, Runner, in_container, observe_guest, observe_host
+from gpuhost.plan import PlanError, make_plan
+from gpuhost.spec import HostSpec, LxcGuest
+
+
+@dataclass
+class Counted:
+    """A runner that counts the remote commands it sends."""
+
+    run: Runner
+    commands: int = 0
+
+    def __call__(self, command: str) -> tuple[int, str, str]:
+        self.commands += 1
+        return self.run(command)
+
+
+@dataclass
+class HostAudit:
+    name: str
+    spec: HostSpec
+    context: AuditContext | None = None
+    refused: PlanError | None = None
+    commands: int = 0
+    seconds: float = 0.0
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # key: target::check
+
+
+def gpu_containers(spec: HostSpec) -> list[LxcGuest]:
+    return [g for g in spec.lxc_guests if g.gpus]
+
+
+def read_host(
+    name: str,
+    spec: HostSpec,
+    run: Runner,
+    guest_runner: Callable[[LxcGuest], Runner] | None = None,
+    sizes: tuple[int, ...] = DEFAULT_SIZES,
+    source: str | None = None,
+) -> HostAudit:
+    """One command on the host, one per GPU container; then the Plan from those facts."""
+    started = time.monotonic()
+    counted = Counted(run)
+    audit = HostAudit(name, spec)
+    view = observe_host(counted, sizes)
+    try:
+        plan = make_plan(name, spec, view.facts, source)
+    except PlanError as exc:
+        audit.refused = exc
+        audit.commands, audit.seconds = counted.commands, time.monotonic() - started
+        return audit
+    guests: dict[int, GuestView] = {}
+    for guest in gpu_containers(spec):
+        if guest.access.ssh_hostname and guest_runner is not None:
+            runner: Runner = Counted(guest_runner(guest))
+            guests[guest.ctid] = observe_guest(runner, sizes)
+            counted.commands += runner.commands  # type: ignore[attr-defined]
+        else:
+            guests[guest.ctid] = observe_guest(
+                lambda script, ctid=guest.ctid: counted(in_container(ctid, script)), sizes
+            )
+    audit.context = AuditContext(name, spec, plan, view, guests, sizes)
+    audit.commands, audit.seconds = counted.commands, time.monotonic() - started
+    return audit
+
+
+# Report order: the hardware first, then what builds on it, the guests last.
+ORDER = ("gpus", "driver", "boot", "modules", "devices", "cuda", "p2p", "ct", "vm")
+
+
+def ordered_checks(scope: str) -> list[Check]:
+    found = [c for c in CHECKS.values() if c.scope == scope]
+    return sorted(found, key=lambda c: ORDER.index(c.id.split(".")[0]))
+
+
+def cases(spec: HostSpec) -> list[tuple[Check, str | None]]:
+    """(check, guest name) for every check that applies to this spec's host and guests."""
+    out: list[tuple[Check, str | None]] = [(c, None) for c in ordered_checks("host")]
+    for guest in spec.guests:
+        kind = "lxc" if isinstance(guest, LxcGuest) else "vm"
+        out += [(c, guest.name) for c in ordered_checks(kind)]
+    return out
+
+
+def evaluate(audit: HostAudit, check: Check, guest_name: str | None) -> Outcome:
+    target = audit.name if guest_name is None else f"{audit.name}/{guest_name}"
+    outcome = Outcome(check, target)
+    if audit.refused is not None:
+        outcome.findings = [
+            Finding(
+                "the plan",
+                "a Plan for this host",
+                problem,
+                "fix the inventory or the host; the audit checks against the Plan",
+            )
+            for problem in audit.refused.problems
+        ]
+        return outcome
+    ctx = audit.context
+    assert ctx is not None
+    try:
+        if guest_name is None:
+            outcome.findings = check.run(ctx)
+        else:
+            guest = next(g for g in ctx.spec.guests if g.name == guest_name)
+            outcome.findings = check.run(ctx, guest)
+    except NotApplicable as skip:
+        outcome.skipped = str(skip)
+    key = check.id if guest_name is None else f"{check.id}/{guest_name}"
+    outcome.details = ctx.details.get(key, {})
+    return outcome
+
+
+def audit_all(audit: HostAudit) -> list[Outcome]:
+    return [evaluate(audit, c, g) for c, g in cases(audit.spec)]
