@@ -56,6 +56,30 @@ def _capture(args: argparse.Namespace) -> int:
 
 
 # Subcommands that other distributions add: name = "module:function", called with the
+def _audit(args: argparse.Namespace) -> int:
+    """The audit suite (gpuhost.audit.suite) under pytest, driven by the inventory."""
+    import pytest
+
+    from gpuhost.audit import suite
+
+    argv = [
+        str(Path(suite.__file__).parent),
+        f"--inventory={args.inventory}",
+        "-p",
+        "no:cacheprovider",
+    ]
+    argv += ["-q", "-rfs", f"--rootdir={Path(suite.__file__).parent}"]
+    if args.host:
+        argv.append(f"--audit-limit={args.host}")
+    if args.json:
+        argv.append(f"--audit-json={args.json}")
+    if args.junit:
+        argv.append(f"--junitxml={args.junit}")
+    if args.p2p_sizes:
+        argv.append(f"--p2p-sizes={args.p2p_sizes}")
+    return int(pytest.main(argv))
+
+
 # subparsers action; gpuhost-twin adds `twin` this way (gpuhost never imports the simulator).
 COMMANDS_GROUP = "gpuhost.commands"
 TWIN_MISSING = (
@@ -96,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     capture.add_argument("--host", help="only this host of the inventory")
     capture.add_argument("--out", required=True)
     capture.set_defaults(run=_capture)
+    audit = sub.add_parser("audit", help="audit hosts and their GPU guests against the inventory")
+    audit.add_argument("inventory")
+    audit.add_argument("--host", help="only this host of the inventory")
+    audit.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    audit.add_argument("--junit", metavar="PATH", help="write a JUnit XML report here")
+    audit.add_argument("--p2p-sizes", help="P2P copy sizes in bytes, comma-separated")
+    audit.set_defaults(run=_audit)
     script = sub.add_parser("capture-script", help="print a shell script that saves a snapshot")
     script.set_defaults(run=lambda _: print(capture_script(), end="") or 0)
     _add_plugin_commands(sub)

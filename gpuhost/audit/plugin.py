@@ -51,6 +51,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--audit-limit", metavar="HOST", help="audit only this inventory host")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "audit: the testinfra audit of a real or simulated host")
+
+
 def _targets(config: pytest.Config) -> list[Target]:
     inventory = config.getoption("inventory") or os.environ.get("GPUHOST_INVENTORY")
     if not inventory:

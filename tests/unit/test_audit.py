@@ -1,0 +1,142 @@
+"""The audit's checks on real captured output: the host command's output from the 1x H200
+machine (tests/fixtures/captures/h200x1-audit-run, taken by tools/device-audit.sh), replayed.
+
+The same inventories as on the machine give the same results: the true one passes every check
+that applies, and each wrong expectation fails with exactly its own finding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from facts.cuda import parse_cuda_probe
+from facts.devices import parse_device_nodes
+from facts.kernel import parse_nvidia_modules
+from facts.nvidia import parse_fabricmanager, parse_firmware_files, parse_userspace
+from gpuhost.audit.observe import host_command, in_container, observe_host
+from gpuhost.audit.run import audit_all, read_host
+from gpuhost.inventory import load_inventory
+
+RUN = Path(__file__).parents[1] / "fixtures/captures/h200x1-audit-run"
+WRONG = "tests/fixtures/inventories/audit/h200_wrong.py"
+APPLIES = {
+    "gpus.inventory",
+    "gpus.binding",
+    "driver.version",
+    "driver.compiler",
+    "driver.firmware",
+    "driver.userspace",
+    "boot.cmdline",
+    "boot.loader",
+    "modules.loaded",
+    "modules.files",
+    "cuda.host",
+    "p2p.data",
+}
+
+
+def replay(command: str) -> tuple[int, str, str]:
+    assert command == host_command(), (
+        "the host command changed: recapture with tools/device-audit.sh"
+    )
+    return 0, (RUN / "audit-host.out").read_text(), ""
+
+
+def audit(inventory: str, name: str):
+    spec = load_inventory(inventory)[name][0]
+    return audit_all(read_host(name, spec, replay))
+
+
+def test_true_inventory_passes_every_check_that_applies():
+    outcomes = audit("inventory/h200.py", "h200")
+    assert {o.check.id for o in outcomes if o.status == "passed"} == APPLIES
+    assert not [o for o in outcomes if o.status == "failed"]
+    skipped = {o.check.id: o.skipped for o in outcomes if o.status == "skipped"}
+    assert (
+        skipped["driver.next_boot"]
+        == "which kernel boots next is unknown here (no proxmox-boot-tool)"
+    )
+    assert skipped["driver.fabricmanager"] == "no NVSwitch on the PCI bus"
+    assert skipped["boot.iommu_groups"] == "no VM has GPUs"
+
+
+@pytest.mark.parametrize(
+    ("host", "failed", "found"),
+    [
+        ("h200-driver", {"driver.version"}, ["driver 580.159.04"]),
+        ("h200-hmm", {"modules.parameters", "modules.files"}, ["N", "missing"]),
+        ("h200-count", {"gpus.inventory"}, ["1: 0000:00:06.0"]),
+    ],
+)
+def test_each_wrong_expectation_fails_with_its_own_finding(host, failed, found):
+    outcomes = audit(WRONG, host)
+    bad = [o for o in outcomes if o.status == "failed"]
+    assert {o.check.id for o in bad} == failed
+    assert sorted(f.found for o in bad for f in o.findings) == sorted(found)
+    assert all(f.fix for o in bad for f in o.findings)
+
+
+def test_one_remote_command_reads_the_host():
+    spec = load_inventory("inventory/h200.py")["h200"][0]
+    assert read_host("h200", spec, replay).commands == 1
+
+
+def test_real_probe_and_nodes_parse():
+    view = observe_host(replay)
+    assert view.cuda.init == "CUDA_SUCCESS" and view.cuda.devices == ("0000:00:06.0",)
+    assert view.cuda.userspace_version == "580.159.04" and view.cuda.driver_api == 13000
+    assert [c.intact for c in view.cuda.copies] == [True]
+    assert view.nodes["/dev/nvidia-uvm"].numbers == "238:0"
+    assert view.nodes["/dev/nvidiactl"].numbers == "195:255"
+    assert view.userspace == {"libcuda": ["580.159.04"], "libnvidia-ml": ["580.159.04"]}
+    assert view.firmware == {} and view.modules == {}
+    assert view.fabric.version is None
+
+
+def test_parsers_on_the_formats_they_read():
+    nodes = parse_device_nodes(
+        ["/dev/nvidia-caps|directory|0|0", "/dev/nvidia3|character special file|c3|3"]
+    )
+    assert nodes["/dev/nvidia3"].numbers == "195:3" and nodes["/dev/nvidia-caps"].kind == "d"
+    assert parse_firmware_files(["/lib/firmware/nvidia/595.71.05/gsp_ga10x.bin"]) == {
+        "595.71.05": ["gsp_ga10x.bin"]
+    }
+    assert parse_userspace(["/usr/lib/x86_64-linux-gnu/libcuda.so.595.71.05"]) == {
+        "libcuda": ["595.71.05"]
+    }
+    assert parse_fabricmanager(["package=595.71.05-1", "active=active"]).version == "595.71.05"
+    modules = parse_nvidia_modules(
+        [
+            "6.14.8-2-bpo12-pve|-|-",
+            "6.14.8-2-bpo12-pve|/lib/modules/6.14.8-2-bpo12-pve/updates/dkms/nvidia-uvm.ko|6.14.8-2-bpo12-pve SMP preempt mod_unload modversions ",
+            "6.8.12-9-pve|-|-",
+        ]
+    )
+    assert modules == {
+        "6.14.8-2-bpo12-pve": {
+            "nvidia_uvm": "6.14.8-2-bpo12-pve SMP preempt mod_unload modversions"
+        },
+        "6.8.12-9-pve": {},
+    }
+    crashed = parse_cuda_probe(["Traceback (most recent call last):", "Segmentation fault"])
+    assert crashed.init is None and "Segmentation fault" in crashed.error
+
+
+def test_guest_commands_go_through_pct_exec_quoted():
+    assert in_container(200, "echo 'a b'") == "pct exec 200 -- sh -c 'echo '\"'\"'a b'\"'\"''"
+
+
+def test_a_corrupted_peer_copy_is_a_finding():
+    spec = load_inventory("inventory/h200.py")["h200"][0]
+    host = read_host("h200", spec, replay)
+    cuda = host.context.host.cuda
+    bad = dataclasses.replace(
+        cuda.copies[0], sizes=((4096, True, None), (1048576, False, 524288), (67108864, True, None))
+    )
+    host.context.host.cuda = dataclasses.replace(cuda, copies=(bad,))
+    outcome = next(o for o in audit_all(host) if o.check.id == "p2p.data")
+    assert outcome.status == "failed"
+    assert outcome.findings[0].found == "corrupted: 1048576 B (first bad byte at 524288)"
