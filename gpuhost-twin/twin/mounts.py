@@ -46,6 +46,24 @@ def mount_volatile(root: Path) -> None:
         _mount(["-t", "tmpfs", "-o", "mode=755,size=64m", f"twin-{sub}", str(root / sub)])
     rootfs.make_dev(root / "dev")
     _mount(["--bind", "/dev/pts", str(root / "dev/pts")])  # ptys for interactive shells
+    mount_self_proc(root)
+
+
+# The twin's /proc is plain files (the simulated kernel's), but a process's own entries cannot
+# be: /proc/self and /proc/thread-self link into a real procfs mounted under the twin's /run, so
+# /proc/self/maps, fd, status... describe the reading process, as on a real host.
+KERNEL_PROC = "run/gpuhost-twin/proc"
+
+
+def mount_self_proc(root: Path) -> None:
+    target = root / KERNEL_PROC
+    target.mkdir(parents=True, exist_ok=True)
+    _mount(["-t", "proc", "-o", "nosuid,nodev,noexec", "twin-proc", str(target)])
+    for name in ("self", "thread-self"):
+        link = root / "proc" / name
+        if not link.is_symlink():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(f"/{KERNEL_PROC}/{name}")
 
 
 def _mount(args: list[str]) -> None:
