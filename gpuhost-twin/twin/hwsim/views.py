@@ -18,6 +18,7 @@ from .catalog import (
 )
 from .kofile import gcc_release, ko_info
 from .machine import Machine, gpu_uuid, mknod, remove_tree
+from .rm import RM_FILE, rm_text
 
 
 class KernelViews(Machine):
@@ -50,7 +51,16 @@ class KernelViews(Machine):
         self.write_sys_modules()
         self.write_bindings()
         self.write_driver_nvidia()
+        self.write_rm()
         self.write_dev_nodes()
+
+    def write_rm(self) -> None:
+        """The stand-in libcuda's view of the driver (hwsim/rm.py), beside /proc/driver/nvidia."""
+        text = rm_text(self)  # type: ignore[arg-type]  # self is an Hw: views mix into it
+        if text is None:
+            self.p(RM_FILE).unlink(missing_ok=True)
+        else:
+            self.write(RM_FILE, text, 0o444)
 
     def write_proc_modules(self) -> None:
         lines = []
