@@ -52,6 +52,11 @@ DEFAULT_DEVICES = (
     "allow = c 10:229 rwm",
     "allow = c 10:200 rwm",
 )
+# A real container sees the host kernel's /proc/driver (nvidia/ and, on a twin, the RM file the
+# stand-in libcuda reads: hwsim/rm.py) and /sys/module (nvidia_uvm's parameters): the twin's
+# simulated ones are bound in read-only. Directories, not files: the twin rewrites files inside
+# atomically (rename), which a file bind would not follow.
+KERNEL_VIEWS = ("proc/driver", "sys/module")
 _monitors: dict[str, subprocess.Popen[bytes]] = {}  # lxc-start -F per running guest
 ATTACH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -102,6 +107,14 @@ def device_lines(twin: node.Twin, ctid: int, conf: lxc_devices.LxcConfig) -> lis
     return lines
 
 
+def kernel_view_lines(twin: node.Twin) -> list[str]:
+    lines = []
+    for view in KERNEL_VIEWS:
+        (twin.root / view).mkdir(parents=True, exist_ok=True)
+        lines.append(f"lxc.mount.entry = {twin.root / view} {view} none bind,ro 0 0")
+    return lines
+
+
 def _devices_key(key: str) -> str:
     """Proxmox writes cgroup2 keys; LXC on a cgroup v1 machine needs the v1 spelling."""
     return f"{DEVICES_KEY}.{key.rsplit('.', 1)[1]}"
@@ -141,6 +154,10 @@ def _prepare_rootfs(twin: node.Twin, ctid: int, hostname: str) -> Path:
     (groot / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
     shutil.copy(node.client_key().with_suffix(".pub"), groot / "root/.ssh/authorized_keys")
     (groot / "etc/hostname").write_text(hostname + "\n")
+    # What systemd as a Proxmox CT's init writes at boot; the guests' init is sshd, which
+    # rewrites the environment LXC gives pid 1 (container=lxc), so this is how they are told.
+    (groot / "run/systemd").mkdir(parents=True, exist_ok=True)
+    (groot / "run/systemd/container").write_text("lxc\n")
     return groot
 
 
@@ -169,6 +186,7 @@ def start(twin: node.Twin, ctid: int) -> dict[str, Any]:
         "lxc.init.cmd = /usr/sbin/sshd -D -e",
         f"lxc.console.logfile = {gdir / 'console.log'}",
         f"lxc.log.file = {gdir / 'lxc.log'}",
+        *kernel_view_lines(twin),
         *devices,
     ]
     cdir = twin.dir / "lxc" / name
