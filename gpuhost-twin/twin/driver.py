@@ -1,5 +1,7 @@
-"""Give a running twin an installed NVIDIA driver: real tiny .ko files for its booted kernel
-and GSP firmware, as a host whose driver was installed earlier has. Then boot it.
+"""Give a running twin an installed NVIDIA driver: real tiny .ko files for its booted kernel,
+GSP firmware and the userspace libraries (libcuda, libnvidia-ml: twin/userspace.py), as a host
+whose driver was installed earlier has. Then boot it. ``install_userspace`` gives a guest the
+userspace alone, like `NVIDIA-Linux-x86_64-<ver>.run --no-kernel-modules` run inside it.
 
 The real NVIDIA module cannot be built here (feasibility.md); these modules carry the version,
 vermagic and compiler of a real build, which is all the simulated kernel checks.
@@ -9,8 +11,9 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
-from twin import node, processes
+from twin import mounts, node, processes, userspace
 from twin.modbuild import ModuleCache
 
 
@@ -48,5 +51,24 @@ def install(twin: node.Twin, version: str, cache: ModuleCache | None = None) -> 
     if (twin.root / f"lib/firmware/nvidia/{version}").is_dir():
         return False
     (cache or ModuleCache()).install(twin.root, kver, version=version)
+    userspace.install_root(twin.root, version)
     reboot(twin)
     return True
+
+
+def install_userspace(twin: node.Twin, ctid: int, version: str) -> None:
+    """Install the NVIDIA userspace of ``version`` (any version: a different one than the host's
+    plants a guest driver mismatch) into guest ``ctid``'s rootfs, running or not."""
+    gdir = twin.dir / "guests" / str(ctid)
+    groot = gdir / "root"
+    if mounts.mounts_below(groot):  # running (or started before): through its mounted overlay
+        userspace.install_root(groot, version)
+        return
+    # Stopped: mount its overlay for the install (ldconfig must see the whole tree), as start does.
+    for sub in ("upper", "work", "root"):
+        (gdir / sub).mkdir(mode=0o755, parents=True, exist_ok=True)
+    mounts.mount_overlay(Path(twin.base), gdir / "upper", gdir / "work", groot)
+    try:
+        userspace.install_root(groot, version)
+    finally:
+        mounts.unmount_below(groot)
