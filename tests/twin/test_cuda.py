@@ -1,0 +1,222 @@
+"""CUDA as gpuhost's probe sees it on twins: the real gpuhost/probes/cuda_probe.py against the
+twin's stand-in libcuda (gpuhost-twin/twin/libcuda), on the twin host over SSH and in real LXC
+guests through `pct exec`. Each fault is planted the way it happens on a real host: a stale uvm
+major in raw cgroup rules, a guest userspace of another driver version, uvm_disable_hmm left N,
+P2P DMA on an SEV-SNP host with translated IOMMU domains.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from twin import driver
+from twin.pytest_plugin import PVE_DIRS, TwinHandle
+
+pytestmark = pytest.mark.twin
+
+PROBE = Path(__file__).parents[2] / "gpuhost/probes/cuda_probe.py"
+VERSION = "580.159.04"
+LIB = f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}"
+SNP_GPUS = ["0000:43:00.0", "0000:44:00.0", "0000:c3:00.0", "0000:c4:00.0"]
+HMM = "/etc/modprobe.d/nvidia-uvm.conf"
+
+
+def probe_host(twin: TwinHandle, env: str = "") -> dict:
+    (twin.root / "root/cuda_probe.py").write_text(PROBE.read_text())
+    rc, out, err = twin.run(f"{env} python3 /root/cuda_probe.py 4096 65536")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def probe_guest(twin: TwinHandle, ctid: int) -> dict:
+    assert twin.twin is not None
+    (twin.twin.dir / f"guests/{ctid}/root/root/cuda_probe.py").write_text(PROBE.read_text())
+    rc, out, err = twin.run(f"pct exec {ctid} -- python3 /root/cuda_probe.py 4096 65536")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def start_ct(twin: TwinHandle, ctid: int, conf: str) -> None:
+    twin.run(f"{PVE_DIRS}; cat > /etc/pve/lxc/{ctid}.conf <<'EOF'\n{conf}EOF")
+    rc, _, err = twin.request(f'{{"op": "ct-start", "ctid": {ctid}}}')
+    assert rc == 0, err
+
+
+def stop_ct(twin: TwinHandle, ctid: int) -> None:
+    twin.request(f'{{"op": "ct-stop", "ctid": {ctid}}}')
+
+
+def live_major(twin: TwinHandle, name: str) -> int:
+    devices = twin.run("cat /proc/devices")[1].split("\n\n")[0].splitlines()[1:]
+    return next(int(m) for m, n in (line.split() for line in devices) if n == name)
+
+
+def copies(result: dict) -> dict[tuple[str, str], tuple[bool | None, bool]]:
+    return {
+        (c["from"], c["to"]): (c["peer"], all(s["ok"] for s in c["sizes"]))
+        for c in result["copies"]
+    }
+
+
+def deploy_gpus(twin: TwinHandle, gpus: int, hmm: bool) -> None:
+    """What a deploy leaves: driver installed, uvm loaded (hmm as given), every node made."""
+    if hmm:
+        twin.run(f"echo 'options nvidia_uvm uvm_disable_hmm=1' > {HMM}")
+    assert twin.twin is not None
+    driver.install(twin.twin, VERSION)
+    for minor in range(gpus):
+        assert twin.run(f"nvidia-modprobe -c={minor}")[0] == 0
+    assert twin.run("nvidia-modprobe -u -c=0")[0] == 0
+
+
+# -- h200x2: a healthy NVLink pair --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def h200(twin_fleet) -> TwinHandle:
+    handle = twin_fleet.start(1, "h200x2")[0]
+    yield handle
+    twin_fleet.stop(handle)
+
+
+def test_no_nvidia_module_means_no_device(h200: TwinHandle) -> None:
+    from twin import userspace
+
+    userspace.install_root(h200.root, VERSION)  # userspace only, as before the driver's modules
+    result = probe_host(h200)
+    assert (result["libcuda"], result["init"]) == (LIB, "CUDA_ERROR_NO_DEVICE")
+    assert result["driver_api"] == 13000  # a property of the library: answered all the same
+
+
+def test_deployed_host_sees_every_gpu_and_copies_over_nvlink(h200: TwinHandle) -> None:
+    deploy_gpus(h200, 2, hmm=True)
+    result = probe_host(h200)
+    assert (result["libcuda"], result["init"], result["error"]) == (LIB, "CUDA_SUCCESS", None)
+    assert result["driver_api"] == 13000
+    assert result["devices"] == [
+        {"bdf": "0000:00:06.0", "name": "NVIDIA H200"},
+        {"bdf": "0000:00:07.0", "name": "NVIDIA H200"},
+    ]
+    a, b = "0000:00:06.0", "0000:00:07.0"
+    assert copies(result) == {
+        (a, a): (None, True),
+        (a, b): (True, True),  # no SEV-SNP: P2P DMA is sound
+        (b, a): (True, True),
+        (b, b): (None, True),
+    }
+    assert h200.run("nvidia-smi -L")[0] == 0  # libnvidia-ml matches the kernel driver
+
+
+def test_hidden_devices_give_no_device_like_the_capture(h200: TwinHandle) -> None:
+    result = probe_host(h200, env="CUDA_VISIBLE_DEVICES=")
+    assert (result["init"], result["devices"]) == ("CUDA_ERROR_NO_DEVICE", [])
+    result = probe_host(h200, env="CUDA_VISIBLE_DEVICES=1")
+    assert result["devices"] == [{"bdf": "0000:00:07.0", "name": "NVIDIA H200"}]
+
+
+def test_missing_uvm_node_is_cuda_error_999(h200: TwinHandle) -> None:
+    h200.run("mv /dev/nvidia-uvm /dev/nvidia-uvm.away")
+    try:
+        assert probe_host(h200)["init"] == "CUDA_ERROR_UNKNOWN"
+    finally:
+        h200.run("mv /dev/nvidia-uvm.away /dev/nvidia-uvm")
+
+
+# -- sevsnp: four GPUs, P2P DMA unsafe; guests -------------------------------------------------
+
+CT_TWO_GPUS = 301
+CONF_TWO_GPUS = """\
+arch: amd64
+hostname: two-gpus
+dev0: /dev/nvidiactl
+dev1: /dev/nvidia1
+dev2: /dev/nvidia3
+dev3: /dev/nvidia-uvm
+dev4: /dev/nvidia-uvm-tools
+"""
+CT_RAW = 302
+CONF_RAW = """\
+arch: amd64
+hostname: raw-rules
+lxc.cgroup2.devices.allow: c 195:* rwm
+lxc.cgroup2.devices.allow: c {uvm}:* rwm
+lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file
+"""
+
+
+@pytest.fixture(scope="module")
+def snp(twin_fleet) -> TwinHandle:
+    handle = twin_fleet.start(1, "sevsnp")[0]
+    deploy_gpus(handle, 4, hmm=False)  # the operator's first attempt: hmm not disabled yet
+    assert handle.twin is not None
+    driver.install_userspace(handle.twin, CT_TWO_GPUS, VERSION)
+    driver.install_userspace(handle.twin, CT_RAW, VERSION)
+    yield handle
+    for ctid in (CT_TWO_GPUS, CT_RAW):
+        stop_ct(handle, ctid)
+    twin_fleet.stop(handle)
+
+
+def test_snp_peer_copies_corrupt_and_staged_copies_do_not(snp: TwinHandle) -> None:
+    result = probe_host(snp)
+    assert result["init"] == "CUDA_SUCCESS"
+    assert [d["bdf"] for d in result["devices"]] == SNP_GPUS
+    got = copies(result)
+    g0, g1, g2, _ = SNP_GPUS
+    assert got[(g0, g1)] == (True, False)  # topo -p2p says OK; the data arrives flipped
+    assert got[(g1, g0)] == (True, False)
+    assert got[(g0, g2)] == (False, True)  # no peer access: staged through the host, intact
+    assert got[(g0, g0)] == (None, True)
+    bad = next(c for c in result["copies"] if (c["from"], c["to"]) == (g0, g1))
+    assert [s["first_bad_offset"] for s in bad["sizes"]] == [256, 256]
+
+
+def test_guest_with_hmm_enabled_gets_cuda_error_999(snp: TwinHandle) -> None:
+    start_ct(snp, CT_TWO_GPUS, CONF_TWO_GPUS)
+    result = probe_guest(snp, CT_TWO_GPUS)
+    assert (result["init"], result["devices"]) == ("CUDA_ERROR_UNKNOWN", [])
+    assert probe_host(snp)["init"] == "CUDA_SUCCESS"  # the host itself is no container
+
+
+def test_guest_sees_exactly_its_two_gpus_once_hmm_is_disabled(snp: TwinHandle) -> None:
+    # Reloading nvidia_uvm with the option: the running guest sees the kernel's new state.
+    snp.run(f"echo 'options nvidia_uvm uvm_disable_hmm=1' > {HMM}")
+    assert snp.run("modprobe -r nvidia_uvm && modprobe nvidia_uvm")[0] == 0
+    rc, out, _ = snp.run(
+        f"pct exec {CT_TWO_GPUS} -- cat /sys/module/nvidia_uvm/parameters/uvm_disable_hmm"
+    )
+    assert (rc, out) == (0, "Y\n")
+    result = probe_guest(snp, CT_TWO_GPUS)
+    assert (result["libcuda"], result["init"]) == (LIB, "CUDA_SUCCESS")
+    assert [d["bdf"] for d in result["devices"]] == ["0000:44:00.0", "0000:c4:00.0"]
+    assert all(ok for _, ok in copies(result).values())  # 44 and c4 are no peers (NS)
+
+
+def test_guest_userspace_of_another_version_is_a_driver_mismatch(snp: TwinHandle) -> None:
+    assert snp.twin is not None
+    driver.install_userspace(snp.twin, CT_TWO_GPUS, "570.124.06")
+    try:
+        result = probe_guest(snp, CT_TWO_GPUS)
+        assert result["libcuda"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06"
+        assert result["init"] == "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"
+        assert result["driver_api"] == 12080
+    finally:
+        driver.install_userspace(snp.twin, CT_TWO_GPUS, VERSION)
+    assert probe_guest(snp, CT_TWO_GPUS)["init"] == "CUDA_SUCCESS"
+
+
+def test_stale_uvm_major_in_raw_rules_is_cuda_error_999(snp: TwinHandle) -> None:
+    live = live_major(snp, "nvidia-uvm")
+    stale = 509 if live != 509 else 511
+    start_ct(snp, CT_RAW, CONF_RAW.format(uvm=stale))
+    result = probe_guest(snp, CT_RAW)
+    assert result["init"] == "CUDA_ERROR_UNKNOWN"
+    stop_ct(snp, CT_RAW)
+    start_ct(snp, CT_RAW, CONF_RAW.format(uvm=live))  # the deploy's fix: the live major
+    result = probe_guest(snp, CT_RAW)
+    assert (result["init"], [d["bdf"] for d in result["devices"]]) == ("CUDA_SUCCESS", SNP_GPUS[:1])
