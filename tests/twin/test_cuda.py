@@ -117,12 +117,15 @@ def test_hidden_devices_give_no_device_like_the_capture(h200: TwinHandle) -> Non
     assert result["devices"] == [{"bdf": "0000:00:07.0", "name": "NVIDIA H200"}]
 
 
-def test_missing_uvm_node_is_cuda_error_999(h200: TwinHandle) -> None:
-    h200.run("mv /dev/nvidia-uvm /dev/nvidia-uvm.away")
+@pytest.mark.parametrize("replacement", ["", "mknod /dev/nvidia-uvm c 1 3"])
+def test_missing_or_stale_uvm_node_is_cuda_error_999(h200: TwinHandle, replacement: str) -> None:
+    """No node, or a node of another major than /proc/devices' live one (a stale mknod)."""
+    h200.run(f"mv /dev/nvidia-uvm /dev/nvidia-uvm.away; {replacement}")
     try:
         assert probe_host(h200)["init"] == "CUDA_ERROR_UNKNOWN"
     finally:
-        h200.run("mv /dev/nvidia-uvm.away /dev/nvidia-uvm")
+        h200.run("rm -f /dev/nvidia-uvm; mv /dev/nvidia-uvm.away /dev/nvidia-uvm")
+    assert probe_host(h200)["init"] == "CUDA_SUCCESS"
 
 
 # -- sevsnp: four GPUs, P2P DMA unsafe; guests -------------------------------------------------
