@@ -8,10 +8,12 @@ P2P DMA on an SEV-SNP host with translated IOMMU domains.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
+from facts.nvidia import NvidiaUserspace, parse_userspace
 from twin import driver
 from twin.pytest_plugin import PVE_DIRS, TwinHandle
 
@@ -22,6 +24,7 @@ VERSION = "580.159.04"
 LIB = f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}"
 SNP_GPUS = ["0000:43:00.0", "0000:44:00.0", "0000:c3:00.0", "0000:c4:00.0"]
 HMM = "/etc/modprobe.d/nvidia-uvm.conf"
+USERSPACE = NvidiaUserspace().command()
 
 
 def probe_host(twin: TwinHandle, env: str = "") -> dict:
@@ -208,6 +211,12 @@ def test_guest_userspace_of_another_version_is_a_driver_mismatch(snp: TwinHandle
         assert result["libcuda"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06"
         assert result["init"] == "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"
         assert result["driver_api"] == 12080
+        # what the audit's NvidiaUserspace fact reads: the loader's cache knows the new library
+        _, out, _ = snp.run(f"pct exec {CT_TWO_GPUS} -- sh -c {shlex.quote(USERSPACE)}")
+        assert parse_userspace(out.splitlines()) == {
+            "libcuda": ["570.124.06"],
+            "libnvidia-ml": ["570.124.06"],
+        }
     finally:
         driver.install_userspace(snp.twin, CT_TWO_GPUS, VERSION)
     assert probe_guest(snp, CT_TWO_GPUS)["init"] == "CUDA_SUCCESS"
