@@ -61,7 +61,7 @@ def install_userspace(twin: node.Twin, ctid: int, version: str) -> None:
     plants a guest driver mismatch) into guest ``ctid``'s rootfs, running or not."""
     gdir = twin.dir / "guests" / str(ctid)
     groot = gdir / "root"
-    if mounts.mounts_below(groot):  # running (or started before): through its mounted overlay
+    if mounts.mounts_below(groot):  # running: through its mounted overlay
         userspace.install_root(groot, version)
         return
     # Stopped: mount its overlay for the install (ldconfig must see the whole tree), as start does.

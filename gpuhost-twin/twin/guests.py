@@ -14,6 +14,8 @@ simulation's own reader, twin/pve/lxc_devices.py), resolved at start against the
   cgroup v1 `lxc.cgroup.devices.*` on a v1 machine), with mount sources taken from the twin's root.
 The kernel's device controller enforces the rules, so a stale major in the conf really leaves the
 guest unable to open the node (EPERM); an allowed node without a driver gives ENXIO.
+The twin's /proc/driver and /sys/module are bound into every guest read-only (KERNEL_VIEWS), as
+a container sees its host kernel's: the driver version, nvidia_uvm's parameters, the RM file.
 Other raw `lxc.*` keys and Proxmox keys other than hostname/devN/onboot are not applied, and
 `unprivileged: 1` is not honoured (every guest is privileged, with an identity uid map).
 """
