@@ -114,7 +114,12 @@ def _platform(hw: hwsim.Hw, profile: Profile) -> None:
             groups[dev.bdf] = split if split is not None else dev.iommu_group
     snp = profile.quirks.sev_snp and iommu and not identity
     hw.state.update(
-        iommu=iommu, iommu_domain=domain, acs_override=acs, groups=groups, sev_snp_active=snp
+        iommu=iommu,
+        iommu_domain=domain,
+        acs_override=acs,
+        groups=groups,
+        sev_snp_active=snp,
+        sev_snp_firmware=profile.quirks.sev_snp,
     )
     kinfo = hw.kernel_info(hw.kernel)
     hw.klog(

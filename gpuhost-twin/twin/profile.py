@@ -141,7 +141,8 @@ class Gpu(_Model):
     gpu_numa_id: str = "N/A"
     irq: int = 0
     dma_bits: int = 52
-    # Blackwell FSP cannot boot when the GPU's IOMMU domain is identity (error 0x177).
+    # Blackwell FSP cannot boot when the GPU's IOMMU domain is identity (error 0x177) on a host
+    # whose firmware has SEV-SNP on (quirks.sev_snp); without SNP, identity domains work.
     fsp_fails_on_identity: bool = False
 
     @field_validator("bdf")

@@ -79,8 +79,12 @@ def _commands(
 
 
 def host_command(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:
-    deploy = combined_args()["commands"]
-    return Combined().command(tuple(deploy) + tuple(_commands(AUDIT_FACTS, sizes)))
+    """Every fact side by side, then the CUDA probe: libcuda makes missing device nodes (through
+    nvidia-modprobe), so the nodes are read before CUDA can touch them."""
+    facts = [c for c in _commands(AUDIT_FACTS, sizes) if c[0] != "CudaProbe"]
+    probe = [c for c in _commands(AUDIT_FACTS, sizes) if c[0] == "CudaProbe"]
+    first = Combined().command(tuple(combined_args()["commands"]) + tuple(facts))
+    return f"{first}\n{Combined().command(tuple(probe))}"
 
 
 def guest_command(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from facts.cuda import DEFAULT_SIZES
@@ -50,29 +51,35 @@ def read_host(
     sizes: tuple[int, ...] = DEFAULT_SIZES,
     source: str | None = None,
 ) -> HostAudit:
-    """One command on the host, one per GPU container; then the Plan from those facts."""
+    """One command on the host, one per GPU container, side by side; then the Plan."""
     started = time.monotonic()
     counted = Counted(run)
     audit = HostAudit(name, spec)
-    view = observe_host(counted, sizes)
+
+    def read_guest(guest: LxcGuest) -> tuple[GuestView, int]:
+        if guest.access.ssh_hostname and guest_runner is not None:
+            own = Counted(guest_runner(guest))
+            return observe_guest(own, sizes), own.commands
+        through_host = Counted(run)  # pct exec on the host
+        view = observe_guest(lambda script: through_host(in_container(guest.ctid, script)), sizes)
+        return view, through_host.commands
+
+    containers = gpu_containers(spec)
+    # The guests' CUDA probes run while the host's does: the audit takes the longest, not the sum.
+    with ThreadPoolExecutor(max_workers=max(1, len(containers))) as pool:
+        reads = {g.ctid: pool.submit(read_guest, g) for g in containers}
+        view = observe_host(counted, sizes)
+        guests: dict[int, GuestView] = {}
+        for ctid, future in reads.items():
+            guests[ctid], commands = future.result()
+            counted.commands += commands
+    audit.commands, audit.seconds = counted.commands, time.monotonic() - started
     try:
         plan = make_plan(name, spec, view.facts, source)
     except PlanError as exc:
         audit.refused = exc
-        audit.commands, audit.seconds = counted.commands, time.monotonic() - started
         return audit
-    guests: dict[int, GuestView] = {}
-    for guest in gpu_containers(spec):
-        if guest.access.ssh_hostname and guest_runner is not None:
-            runner: Runner = Counted(guest_runner(guest))
-            guests[guest.ctid] = observe_guest(runner, sizes)
-            counted.commands += runner.commands  # type: ignore[attr-defined]
-        else:
-            guests[guest.ctid] = observe_guest(
-                lambda script, ctid=guest.ctid: counted(in_container(ctid, script)), sizes
-            )
     audit.context = AuditContext(name, spec, plan, view, guests, sizes)
-    audit.commands, audit.seconds = counted.commands, time.monotonic() - started
     return audit
 
 

@@ -43,6 +43,7 @@ class Cuda:
     def __init__(self, lib):
         self.lib = lib
         u64, ptr = ctypes.c_uint64, ctypes.c_void_p
+        lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(u64), ctypes.c_size_t]
         lib.cuMemcpyPeer.argtypes = [u64, ptr, u64, ptr, ctypes.c_size_t]
         lib.cuMemcpyHtoD_v2.argtypes = [u64, ptr, ctypes.c_size_t]
         lib.cuMemcpyDtoH_v2.argtypes = [ptr, u64, ctypes.c_size_t]
@@ -91,8 +92,35 @@ def devices(cu):
     return found
 
 
-def copy_check(cu, src, dst, sizes, pattern):
-    """Copy ``pattern[:size]`` src -> dst device by cuMemcpyPeer and read it back."""
+class Buffers:
+    """Host buffers made once: the random source and the read-back, compared with memcmp
+    (no Python copies of large buffers)."""
+
+    def __init__(self, size):
+        self.size = size
+        self.src = ctypes.create_string_buffer(os.urandom(size), size) if size else None
+        self.back = ctypes.create_string_buffer(size) if size else None
+        libc = ctypes.CDLL(None)
+        self.memcmp = libc.memcmp
+        self.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+
+    def first_difference(self, size):
+        """Offset of the first byte that differs in the first ``size`` bytes, or None."""
+        a, b = ctypes.addressof(self.back), ctypes.addressof(self.src)
+        if self.memcmp(a, b, size) == 0:
+            return None
+        chunk = 4096
+        for off in range(0, size, chunk):
+            n = min(chunk, size - off)
+            if self.memcmp(a + off, b + off, n) != 0:
+                got = ctypes.string_at(a + off, n)
+                want = ctypes.string_at(b + off, n)
+                return off + next(i for i in range(n) if got[i] != want[i])
+        return None
+
+
+def copy_check(cu, src, dst, sizes, buffers):
+    """Copy the random buffer src -> dst device by cuMemcpyPeer and read it back, per size."""
     result = {"from": src["bdf"], "to": dst["bdf"], "peer": None, "sizes": []}
     if src is not dst:
         can = ctypes.c_int()
@@ -110,20 +138,15 @@ def copy_check(cu, src, dst, sizes, pattern):
         cu.call("cuCtxSetCurrent", dst["_ctx"])
         cu.call("cuMemAlloc_v2", ctypes.byref(b), size)
         try:
-            data = ctypes.create_string_buffer(pattern[:size], size)
-            back = ctypes.create_string_buffer(size)
+            ctypes.memset(buffers.back, 0, size)
             cu.call("cuCtxSetCurrent", src["_ctx"])
-            cu.call("cuMemcpyHtoD_v2", a.value, data, size)
+            cu.call("cuMemcpyHtoD_v2", a.value, buffers.src, size)
             cu.call("cuMemcpyPeer", b.value, dst["_ctx"], a.value, src["_ctx"], size)
             cu.call("cuCtxSynchronize")
             cu.call("cuCtxSetCurrent", dst["_ctx"])
-            cu.call("cuMemcpyDtoH_v2", back, b.value, size)
-            got = back.raw
-            same = got == pattern[:size]
-            first = None
-            if not same:
-                first = next(i for i in range(size) if got[i] != pattern[i])
-            result["sizes"].append({"bytes": size, "ok": same, "first_bad_offset": first})
+            cu.call("cuMemcpyDtoH_v2", buffers.back, b.value, size)
+            first = buffers.first_difference(size)
+            result["sizes"].append({"bytes": size, "ok": first is None, "first_bad_offset": first})
         finally:
             cu.call("cuCtxSetCurrent", src["_ctx"])
             cu.lib.cuMemFree_v2(a.value)
@@ -158,10 +181,10 @@ def probe(sizes):
     try:
         found = devices(cu)
         out["devices"] = [{"bdf": d["bdf"], "name": d["name"]} for d in found]
-        pattern = os.urandom(max(sizes)) if sizes else b""
+        buffers = Buffers(max(sizes) if sizes else 0)
         for src in found:
             for dst in found:
-                out["copies"].append(copy_check(cu, src, dst, sizes, pattern))
+                out["copies"].append(copy_check(cu, src, dst, sizes, buffers))
     except CudaError as exc:
         out["error"] = str(exc)
     return out

@@ -61,7 +61,13 @@ class PciBinding(Machine):
             return False
         failed = self.state.setdefault("gpu_failed", {})
         failed.pop(bdf, None)
-        if gpu.get("fsp_fails_on_identity") and self.group_type(bdf) == "identity":
+        # Seen on the operator's host only with SEV-SNP on in firmware; without SNP, iommu=pt
+        # with Blackwell on the host driver worked (domain.md).
+        if (
+            gpu.get("fsp_fails_on_identity")
+            and self.state.get("sev_snp_firmware")
+            and self.group_type(bdf) == "identity"
+        ):
             # The device stays bound (probe succeeds); RM init fails, so NVML cannot see it.
             self.klog(f"NVRM: GPU {bdf}: kfspWaitForSecureBoot_GH100: FSP boot failed, error 0x177")
             self.klog(f"NVRM: GPU {bdf}: RmInitAdapter failed! (0x62:0x177:2131)")

@@ -179,6 +179,15 @@ static int in_container(void) {
     return 0;
 }
 
+/* As the real library does (nvidia-modprobe's README): a missing node is made by the setuid
+ * nvidia-modprobe helper before it is opened; on the host, as root, where mknod is allowed. */
+static void make_nodes(const char *args) {
+    char cmd[128];
+    if (geteuid() != 0 || in_container()) return;
+    snprintf(cmd, sizeof cmd, "nvidia-modprobe %s >/dev/null 2>&1", args);
+    if (system(cmd) != 0) return;
+}
+
 /* CUDA_VISIBLE_DEVICES: ordinals or GPU UUIDs (prefixes allowed), cut at the first unknown. */
 static void apply_visible(int *usable, int nusable) {
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
@@ -211,6 +220,14 @@ static CUresult do_init(void) {
     char path[64];
     int usable[MAX_GPUS], nusable = 0;
     if (!read_rm()) return CUDA_ERROR_NO_DEVICE; /* no nvidia module: nothing to talk to */
+    if (access("/dev/nvidiactl", F_OK) != 0) make_nodes("-c 0");
+    if (access("/dev/nvidia-uvm", F_OK) != 0) make_nodes("-u -c 0");
+    for (int i = 0; i < rm.ngpus; i++) {
+        char args[32];
+        snprintf(path, sizeof path, "/dev/nvidia%d", rm.gpus[i].minor);
+        snprintf(args, sizeof args, "-c %d", rm.gpus[i].minor);
+        if (access(path, F_OK) != 0) make_nodes(args);
+    }
     if (node("/dev/nvidiactl", NVIDIA_MAJOR, CTL_MINOR) != NODE_OK) return CUDA_ERROR_NO_DEVICE;
     /* The real library's first ioctl on nvidiactl compares versions with the kernel module. */
     if (strcmp(rm.version, TWIN_VERSION) != 0) return CUDA_ERROR_SYSTEM_DRIVER_MISMATCH;
