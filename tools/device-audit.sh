@@ -7,7 +7,7 @@ export PYTHONPATH=/tmp/site:$PWD PATH=$PATH:/usr/local/nvidia/bin:/tmp/site/bin
 R=$OUT/r; mkdir -p $R
 # the files a deploy would write (it cannot run here: no systemd, initramfs or reboot)
 python3 tools/write-plan-files.py inventory/h200.py h200 modules devices > $R/write-plan-files.out 2>&1
-python3 -c "from gpuhost.audit.observe import host_command; print(host_command())" > /tmp/hc.sh
+python3 -c "from gpuhost.audit.observe import host_command; print(host_command())" > $R/audit-host.cmd; cp $R/audit-host.cmd /tmp/hc.sh
 ( time sh /tmp/hc.sh > $R/audit-host.out 2> $R/audit-host.err ) 2> $R/audit-host.time
 echo "captured_at: $(date -u +%Y-%m-%dT%H:%M:%SZ)" > $R/CAPTURE-INFO; echo "uname: $(uname -a)" >> $R/CAPTURE-INFO
 T="python3 -m pytest -p gpuhost.audit.plugin -p no:cacheprovider tests/audit --hosts=local://"

@@ -16,7 +16,7 @@ from facts.cuda import parse_cuda_probe
 from facts.devices import parse_device_nodes
 from facts.kernel import parse_nvidia_modules
 from facts.nvidia import parse_fabricmanager, parse_firmware_files, parse_userspace
-from gpuhost.audit.observe import host_command, in_container, observe_host
+from gpuhost.audit.observe import in_container, observe_host
 from gpuhost.audit.run import audit_all, read_host
 from gpuhost.inventory import load_inventory
 
@@ -39,9 +39,8 @@ APPLIES = {
 
 
 def replay(command: str) -> tuple[int, str, str]:
-    assert command == host_command(), (
-        "the host command changed: recapture with tools/device-audit.sh"
-    )
+    recorded = (RUN / "audit-host.cmd").read_text().rstrip("\n")
+    assert command == recorded, "the host command changed: recapture with tools/device-audit.sh"
     return 0, (RUN / "audit-host.out").read_text(), ""
 
 
