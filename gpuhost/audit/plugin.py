@@ -230,6 +230,7 @@ def _report(session: AuditSession) -> dict[str, Any]:
             "remote_commands": audit.commands,
             "read_seconds": round(audit.seconds, 3),
             "plan_refused": audit.refused.problems if audit.refused else None,
+            "guests": audit.guest_access,
             "driver": audit.context.driver_version if audit.context else None,
             "kernel": audit.context.host.facts.kernel.release if audit.context else None,
         }

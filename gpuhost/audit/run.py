@@ -36,6 +36,7 @@ class HostAudit:
     refused: PlanError | None = None
     commands: int = 0
     seconds: float = 0.0
+    guest_access: dict[str, str] = field(default_factory=dict)  # guest -> how it was read
     outcomes: dict[str, Outcome] = field(default_factory=dict)  # key: target::check
 
 
@@ -59,7 +60,11 @@ def read_host(
     def read_guest(guest: LxcGuest) -> tuple[GuestView, int]:
         if guest.access.ssh_hostname and guest_runner is not None:
             own = Counted(guest_runner(guest))
+            audit.guest_access[guest.name] = (
+                f"ssh {guest.access.ssh_user}@{guest.access.ssh_hostname}"
+            )
             return observe_guest(own, sizes), own.commands
+        audit.guest_access[guest.name] = f"pct exec {guest.ctid} on {name}"
         through_host = Counted(run)  # pct exec on the host
         view = observe_guest(lambda script: through_host(in_container(guest.ctid, script)), sizes)
         return view, through_host.commands

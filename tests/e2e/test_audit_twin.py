@@ -10,6 +10,7 @@ the simulated hardware or in the host's files, audited over real SSH (testinfra)
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -47,9 +48,15 @@ CT_NODES = [f"/dev/nvidia{i}" for i in range(6)] + [
     "/dev/nvidia-uvm",
     "/dev/nvidia-uvm-tools",
 ]
-CT200 = "arch: amd64\nhostname: ct200\nostype: debian\nunprivileged: 1\n" + "".join(
-    f"dev{i}: {path}\n" for i, path in enumerate(CT_NODES)
-)
+
+
+def ct_config(hostname: str, nodes: list[str]) -> str:
+    """An unprivileged container granted exactly ``nodes`` with devN entries."""
+    devs = "".join(f"dev{i}: {path}\n" for i, path in enumerate(nodes))
+    return f"arch: amd64\nhostname: {hostname}\nostype: debian\nunprivileged: 1\n{devs}"
+
+
+CT200 = ct_config("ct200", CT_NODES)
 VM129 = "machine: q35\nname: vm129\nhostpci0: 0000:c1:00,pcie=1\nhostpci1: 0000:e1:00,pcie=1\n"
 # VM GPUs go to vfio-pci by PCI address at device add (the GPU split deploy will own this).
 UDEV = "".join(
@@ -141,12 +148,40 @@ def test_gpuhost_audit_writes_json_and_junit_reports(kpro6, tmp_path):
     report = json.loads((tmp_path / "a.json").read_text())
     assert report["summary"]["failed"] == 0
     assert report["hosts"][twin.name]["remote_commands"] == 2  # the host, and ct200 via pct exec
+    assert report["hosts"][twin.name]["guests"] == {"ct200": f"pct exec 200 on {twin.name}"}
     by_check = {r["check"] + "@" + r["target"]: r for r in report["results"]}
     assert by_check[f"ct.cuda@{twin.name}/ct200"]["status"] == "passed"
     assert by_check[f"driver.fabricmanager@{twin.name}"]["skipped"] == "no NVSwitch on the PCI bus"
     copies = by_check[f"ct.p2p@{twin.name}/ct200"]["details"]["copies"]
     assert len(copies) == 6 + 30  # each GPU with itself, and every ordered pair
     assert "testcase" in (tmp_path / "a.xml").read_text()
+
+
+def test_a_container_with_its_own_ssh_is_read_over_it(kpro6, tmp_path):
+    twin, _ = kpro6
+    spec = copy.deepcopy(SPEC)
+    (ct200,) = [g for g in spec["guests"] if g["name"] == "ct200"]
+    ct200["access"] = {"ssh_hostname": twin.guest(200).address}
+    inv = inventory(tmp_path / "own-ssh.py", twin, spec)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuhost.cli",
+            "audit",
+            str(inv),
+            "--json",
+            str(tmp_path / "a.json"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    host = json.loads((tmp_path / "a.json").read_text())["hosts"][twin.name]
+    assert host["guests"] == {"ct200": f"ssh root@{twin.guest(200).address}"}
+    assert host["remote_commands"] == 2
 
 
 def _planted(

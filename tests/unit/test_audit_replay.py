@@ -139,3 +139,32 @@ def test_a_corrupted_peer_copy_is_a_finding():
     outcome = next(o for o in audit_all(host) if o.check.id == "p2p.data")
     assert outcome.status == "failed"
     assert outcome.findings[0].found == "corrupted: 1048576 B (first bad byte at 524288)"
+
+
+def _pytest_audit(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/audit", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_suite_needs_an_inventory_and_a_known_host():
+    run = _pytest_audit()  # refused while collecting: nothing connects
+    assert run.returncode == 2
+    assert "the audit needs the inventory that describes the host: --inventory FILE" in run.stdout
+    run = _pytest_audit("--inventory", "inventory/h200.py", "--hosts=ssh://root@elsewhere")
+    assert run.returncode == 2
+    assert "--hosts ssh://root@elsewhere: no host 'elsewhere' in inventory/h200.py" in run.stdout
+
+
+def test_the_suite_lists_one_test_per_check_and_target():
+    run = _pytest_audit("--inventory", "inventory/kpro6.py", "--collect-only", "-q")
+    ids = [line.split("[", 1)[1].rstrip("]") for line in run.stdout.splitlines() if "[" in line]
+    assert "kpro6::driver.version" in ids and "kpro6/ct200::ct.cuda" in ids
+    assert "kpro6/vm129::vm.hostpci" in ids and "kpro6/vm129::ct.cuda" not in ids
+    assert len(ids) == len(set(ids)) == 21 + 6 + 2  # host, ct200's, vm129's checks
