@@ -120,15 +120,22 @@ def test_hidden_devices_give_no_device_like_the_capture(h200: TwinHandle) -> Non
     assert result["devices"] == [{"bdf": "0000:00:07.0", "name": "NVIDIA H200"}]
 
 
-@pytest.mark.parametrize("replacement", ["", "mknod /dev/nvidia-uvm c 1 3"])
-def test_missing_or_stale_uvm_node_is_cuda_error_999(h200: TwinHandle, replacement: str) -> None:
-    """No node, or a node of another major than /proc/devices' live one (a stale mknod)."""
-    h200.run(f"mv /dev/nvidia-uvm /dev/nvidia-uvm.away; {replacement}")
+def test_stale_uvm_node_is_cuda_error_999(h200: TwinHandle) -> None:
+    """A node of another major than /proc/devices' live one (a stale mknod)."""
+    h200.run("mv /dev/nvidia-uvm /dev/nvidia-uvm.away; mknod /dev/nvidia-uvm c 1 3")
     try:
         assert probe_host(h200)["init"] == "CUDA_ERROR_UNKNOWN"
     finally:
         h200.run("rm -f /dev/nvidia-uvm; mv /dev/nvidia-uvm.away /dev/nvidia-uvm")
     assert probe_host(h200)["init"] == "CUDA_SUCCESS"
+
+
+def test_missing_nodes_are_made_through_nvidia_modprobe_on_the_host(h200: TwinHandle) -> None:
+    """As the real library does: root on the host gets missing nodes made, then CUDA works."""
+    h200.run("rm /dev/nvidia-uvm /dev/nvidia1")
+    assert probe_host(h200)["init"] == "CUDA_SUCCESS"
+    assert h200.run("stat -c %t:%T /dev/nvidia1")[1].strip() == "c3:1"
+    assert h200.run("test -c /dev/nvidia-uvm")[0] == 0
 
 
 # -- sevsnp: four GPUs, P2P DMA unsafe; guests -------------------------------------------------

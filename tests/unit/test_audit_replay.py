@@ -154,8 +154,8 @@ def _pytest_audit(*args: str):
 
 
 def test_the_suite_needs_an_inventory_and_a_known_host():
-    run = _pytest_audit()  # refused while collecting: nothing connects
-    assert run.returncode == 2
+    run = _pytest_audit("-rs")  # collected with a checkout's other tests: skipped, saying why
+    assert run.returncode == 0
     assert "the audit needs the inventory that describes the host: --inventory FILE" in run.stdout
     run = _pytest_audit("--inventory", "inventory/h200.py", "--hosts=ssh://root@elsewhere")
     assert run.returncode == 2
