@@ -63,11 +63,9 @@ def _view(ctx: AuditContext, guest: LxcGuest) -> GuestView:
     if view is None:
         raise NotApplicable(f"{guest.name} was not read")
     if view.unreachable:
-        raise _Missing(
-            Finding(
-                guest.name, "running and reachable", view.unreachable, f"pct start {guest.ctid}"
-            )
-        )
+        missing = "does not exist" in view.unreachable
+        fix = "create it, or correct the inventory" if missing else f"pct start {guest.ctid}"
+        raise _Missing(Finding(guest.name, "running and reachable", view.unreachable, fix))
     return view
 
 
