@@ -8,7 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from facts.cuda import DEFAULT_SIZES
-from gpuhost.audit import guest_checks, host_checks, p2p_checks  # noqa: F401  (register checks)
+from gpuhost.audit import (  # noqa: F401  (registers the checks)
+    driver_checks,
+    guest_checks,
+    host_checks,
+    p2p_checks,
+)
 from gpuhost.audit.context import AuditContext
 from gpuhost.audit.model import CHECKS, Check, Finding, NotApplicable, Outcome
 from gpuhost.audit.observe import GuestView, Runner, in_container, observe_guest, observe_host
