@@ -116,11 +116,15 @@ def fact_command(key: str) -> str:
     return str(cls().command(**kwargs))
 
 
-def required_tool(key: str) -> str | None:
-    """The binary a fact needs (pyinfra returns the fact's default when it is absent)."""
-    cls, kwargs = FACTS[key]
+def fact_tool(cls: type[FactBase], **kwargs: Any) -> str | None:
+    """The binary a fact class needs (pyinfra returns the fact's default when it is absent)."""
     tool = cls.requires_command
     return tool(cls(), **kwargs) if callable(tool) else tool
+
+
+def required_tool(key: str) -> str | None:
+    cls, kwargs = FACTS[key]
+    return fact_tool(cls, **kwargs)
 
 
 def _default(cls: type[FactBase]) -> Any:

@@ -21,7 +21,7 @@ from facts.guest import LoginEnvironment
 from facts.kernel import NvidiaModuleFiles
 from facts.nvidia import FabricManager, GspFirmwareFiles, NvidiaFabricManager, NvidiaUserspace
 from facts.snapshot import MISSING_TOOL, Combined, split_combined
-from gpuhost.hostfacts import FACTS, HostFacts, combined_args, parse_raw
+from gpuhost.hostfacts import FACTS, HostFacts, combined_args, fact_tool, parse_raw
 
 # A command runner: command -> (exit status, stdout, stderr). testinfra's host.run, or a guest's.
 Runner = Callable[[str], tuple[int, str, str]]
@@ -62,11 +62,6 @@ class GuestView:
     unreachable: str | None = None  # why the guest could not be read (not running...)
 
 
-def _tool(fact: FactBase) -> str | None:
-    tool = fact.requires_command
-    return tool() if callable(tool) else tool
-
-
 def _commands(
     facts: dict[str, type[FactBase]], sizes: tuple[int, ...]
 ) -> list[tuple[str, str, str | None]]:
@@ -74,7 +69,7 @@ def _commands(
     for key, cls in facts.items():
         fact = cls()
         command = fact.command(sizes=sizes) if cls is CudaProbe else fact.command()
-        out.append((key, command, _tool(fact)))
+        out.append((key, command, fact_tool(cls)))
     return out
 
 
@@ -97,7 +92,7 @@ def in_container(ctid: int, script: str) -> str:
 
 
 def _parse(key: str, cls: type[FactBase], rc: int, lines: list[str]) -> Any:
-    if rc == MISSING_TOOL and _tool(cls()):
+    if rc == MISSING_TOOL and fact_tool(cls):
         return None
     fact = cls()
     try:
