@@ -56,8 +56,10 @@ def read_host(
     guest_runner: Callable[[LxcGuest], Runner] | None = None,
     sizes: tuple[int, ...] = DEFAULT_SIZES,
     source: str | None = None,
+    guests: bool = True,
 ) -> HostAudit:
-    """One command on the host, one per GPU container, side by side; then the Plan."""
+    """One command on the host, one per GPU container (unless ``guests`` is False), side by
+    side; then the Plan."""
     started = time.monotonic()
     counted = Counted(run)
     audit = HostAudit(name, spec)
@@ -74,7 +76,7 @@ def read_host(
         view = observe_guest(lambda script: through_host(in_container(guest.ctid, script)), sizes)
         return view, through_host.commands
 
-    containers = gpu_containers(spec)
+    containers = gpu_containers(spec) if guests else []
     # The guests' CUDA probes run while the host's does: the audit takes the longest, not the sum.
     with ThreadPoolExecutor(max_workers=max(1, len(containers))) as pool:
         reads = {g.ctid: pool.submit(read_guest, g) for g in containers}
