@@ -1,7 +1,9 @@
-"""NVIDIA device nodes at boot: the driver creates none, so a unit makes them for the guests.
+"""gpuhost's boot units: the NVIDIA device nodes, and the trial boot's deadline timer.
 
-The unit (files/gpuhost-nvidia-devices.service) runs after the modules load and before
-pve-guests.service starts the guests; it is enabled by its multi-user.target.wants link.
+The nvidia driver creates no device nodes, so a unit (files/gpuhost-nvidia-devices.service) makes
+them after the modules load and before pve-guests.service starts the guests; it is enabled by its
+multi-user.target.wants link. The trial deadline timer (files/gpuhost-trial-deadline.*) reboots
+a trial kernel's boot that gpuhost has not confirmed in time; without a trial it does nothing.
 """
 
 from __future__ import annotations
@@ -14,4 +16,4 @@ from gpuhost.plan import Plan
 
 @deploy("NVIDIA device nodes")
 def configure(plan: Plan) -> None:
-    apply_files(plan, "devices", "systemd", "Device nodes")
+    apply_files(plan, ("devices", "trial"), "systemd", "Boot units")

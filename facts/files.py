@@ -21,8 +21,8 @@ MANAGED_PATHS = (
     "/etc/gpuhost/*",
     "/etc/modprobe.d/gpuhost-*.conf",
     "/etc/modules-load.d/gpuhost-*.conf",
-    "/etc/systemd/system/gpuhost-*.service",
-    "/etc/systemd/system/*.wants/gpuhost-*.service",
+    "/etc/systemd/system/gpuhost-*",
+    "/etc/systemd/system/*.wants/gpuhost-*",
     "/usr/local/lib/gpuhost/*",
     "/var/lib/gpuhost/*",
 )

@@ -17,6 +17,11 @@ DEVICES_UNIT = "/etc/systemd/system/gpuhost-nvidia-devices.service"
 DEVICES_WANTS = "/etc/systemd/system/multi-user.target.wants/gpuhost-nvidia-devices.service"
 DEVICES_SCRIPT = "/usr/local/lib/gpuhost/nvidia-device-nodes"
 DEVICE_FILES = (DEVICES_SCRIPT, DEVICES_UNIT, DEVICES_WANTS)  # the boot unit that makes the nodes
+# The trial boot's userspace deadline: a timer that reboots an unconfirmed trial kernel's boot.
+TRIAL_SCRIPT = "/usr/local/lib/gpuhost/trial-deadline"
+TRIAL_UNIT = "/etc/systemd/system/gpuhost-trial-deadline.service"
+TRIAL_TIMER = "/etc/systemd/system/gpuhost-trial-deadline.timer"
+TRIAL_WANTS = "/etc/systemd/system/timers.target.wants/gpuhost-trial-deadline.timer"
 # Files that matter early in boot: the initramfs carries modprobe.d and modules-load.d, so a
 # blacklist or the vfio modules only take effect from it once it is rebuilt.
 INITRAMFS_FILES = (BLACKLIST, VFIO_LOAD)

@@ -72,7 +72,7 @@ class ManagedFile:
 
     path: str
     content: str | None
-    concern: str  # "cmdline" | "modules" | "devices"
+    concern: str  # "cmdline" | "modules" | "devices" | "trial"
     mode: str = "644"
     link: str | None = None  # a symlink to this target instead of content
 
@@ -324,12 +324,27 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         modconf.DEVICES_WANTS, None, "devices", link=modconf.DEVICES_UNIT if on_host else None
     )
 
+    # The trial boot's deadline timer: installed on every host, idle without a trial record.
+    for path, shipped, mode in (
+        (modconf.TRIAL_SCRIPT, "gpuhost-trial-deadline", "755"),
+        (modconf.TRIAL_UNIT, "gpuhost-trial-deadline.service", "644"),
+        (modconf.TRIAL_TIMER, "gpuhost-trial-deadline.timer", "644"),
+    ):
+        files[path] = ManagedFile(path, modconf.static_file(shipped), "trial", mode=mode)
+    files[modconf.TRIAL_WANTS] = ManagedFile(
+        modconf.TRIAL_WANTS, None, "trial", link=modconf.TRIAL_TIMER
+    )
+
     tool = facts.boot_tool
     refresh = "proxmox-boot-tool refresh" if tool is not None and tool.configured else "update-grub"
     follow_ups = [
         FollowUp("loader", refresh, tuple(boot.files)),
         FollowUp("initramfs", "update-initramfs -u -k all", modconf.INITRAMFS_FILES),
-        FollowUp("systemd", "systemctl daemon-reload", (modconf.DEVICES_UNIT,)),
+        FollowUp(
+            "systemd",
+            "systemctl daemon-reload",
+            (modconf.DEVICES_UNIT, modconf.TRIAL_UNIT, modconf.TRIAL_TIMER),
+        ),
     ]
 
     running = facts.cmdline
