@@ -81,7 +81,8 @@ class TrialBoot:
     commit: tuple[str, ...] = ()  # make the new kernel the default
     abandon: tuple[str, ...] = ()  # back on the old kernel after a failed trial: tidy up
     deadline: str = ""  # the userspace deadline the trial boot starts
-    arm_unit: str = ""  # content of ARM_UNIT_PATH: starts ``deadline`` on the trial kernel only
+    arm_unit: str = ""  # content of arm_unit_path: starts ``deadline`` on the trial kernel only
+    arm_unit_path: str = ARM_UNIT_PATH  # written by the deploy before the ``oneshot`` step
     cmdline: tuple[str, ...] = ()  # on the command line for the trial boot
     cmdline_kept: tuple[str, ...] = ()  # stays there after the commit
     notes: tuple[str, ...] = ()

@@ -215,6 +215,11 @@ def test_trial_command_line_and_deadline() -> None:
     assert trial.deadline == (
         "systemd-run --on-active=30min --unit=gpuhost-trial-deadline systemctl reboot"
     )
+    assert trial.arm_unit_path == "/etc/systemd/system/gpuhost-trial-arm.service"
+    assert (
+        trial.oneshot[0] == "systemctl daemon-reload && systemctl enable gpuhost-trial-arm.service"
+    )
+    assert f"rm -f {trial.arm_unit_path}" in trial.commit
     assert f"ConditionKernelVersion={NEW}\n" in trial.arm_unit
     assert f"ExecStart=/usr/bin/{trial.deadline}\n" in trial.arm_unit
     assert "systemctl is-active --quiet gpuhost-trial-deadline.timer" in trial.confirm
