@@ -25,7 +25,8 @@ class TrialSpec(BaseModel):
         ge=5,
         le=240,
         description="Minutes the trial boot has to pass its post-boot checks before it reboots "
-        "itself (a systemd-run timer started at boot), back into the pinned kernel.",
+        "itself (gpuhost-trial-deadline.timer, reading the trial record), back into the pinned "
+        "kernel.",
     )
     without_oneshot: bool = Field(
         False,

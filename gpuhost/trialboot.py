@@ -31,9 +31,6 @@ from gpuhost.grammar import KERNEL_RE
 METHODS = ("systemd-boot", "grub-esp", "grub", "grub-no-oneshot", "unsupported", "unknown")
 APPLICABLE = ("systemd-boot", "grub-esp", "grub", "grub-no-oneshot")
 
-DEADLINE_UNIT = "gpuhost-trial-deadline"  # the transient timer systemd-run starts
-ARM_UNIT = "gpuhost-trial-arm.service"  # starts the deadline early in the trial boot
-ARM_UNIT_PATH = f"/etc/systemd/system/{ARM_UNIT}"
 ESP_MOUNTS = "/run/gpuhost/esp"  # never /var/tmp/espmounts: proxmox-boot-tool mounts there
 MIB = 1024 * 1024
 # Room for one more kernel: a PVE vmlinuz is ~15 MiB, its initramfs (with nvidia) up to ~120 MiB.
@@ -76,13 +73,15 @@ class TrialBoot:
     checks: tuple[str, ...] = ()  # room on /boot and every ESP, before anything is installed
     pin_running: tuple[str, ...] = ()  # before the new kernel is installed: nothing else boots
     prepare: tuple[str, ...] = ()  # after it is installed: synced, its entry on every ESP
-    oneshot: tuple[str, ...] = ()  # arm the deadline, set the one-shot, read it back
+    oneshot: tuple[str, ...] = ()  # set the one-shot, read it back
     confirm: tuple[str, ...] = ()  # after the trial boot and the audit's host checks
     commit: tuple[str, ...] = ()  # make the new kernel the default
     abandon: tuple[str, ...] = ()  # back on the old kernel after a failed trial: tidy up
-    deadline: str = ""  # the userspace deadline the trial boot starts
-    arm_unit: str = ""  # content of arm_unit_path: starts ``deadline`` on the trial kernel only
-    arm_unit_path: str = ARM_UNIT_PATH  # written by the deploy before the ``oneshot`` step
+    # The userspace deadline is gpuhost-trial-deadline.timer (installed by the Plan's files,
+    # driven by the trial record, gpuhost/trialstate.py): seconds after boot for the record,
+    # and what its reboot must run first where GRUB cannot clear next_entry itself.
+    deadline_s: int = 0
+    before_deadline_reboot: tuple[str, ...] = ()
     cmdline: tuple[str, ...] = ()  # on the command line for the trial boot
     cmdline_kept: tuple[str, ...] = ()  # stays there after the commit
     notes: tuple[str, ...] = ()
@@ -286,26 +285,20 @@ def _steps(
     checks += every_esp(_free_at_least('"$M"', MIN_ESP_FREE))
     pin = [f"rm -f {NEXT_BOOT_PIN}", f"proxmox-boot-tool kernel pin {old}"]
     prepare = [f"test -e /boot/vmlinuz-{new}"]
-    deadline_cmd = "systemctl reboot"
-    if method == "grub-no-oneshot":
-        # GRUB cannot clear next_entry here: the deadline clears it on the way down.
-        deadline_cmd = f"sh -c {_q(f'grub-editenv {GRUBENV} unset next_entry; systemctl reboot')}"
-    deadline = (
-        f"systemd-run --on-active={deadline_minutes}min --unit={DEADLINE_UNIT} {deadline_cmd}"
+    # GRUB cannot clear next_entry there: without this the deadline's reboot would start the
+    # trial kernel again, every time.
+    before_reboot = (
+        [f"grub-editenv {GRUBENV} unset next_entry"] if method == "grub-no-oneshot" else []
     )
     oneshot = [
-        f"systemctl daemon-reload && systemctl enable {ARM_UNIT}",
         # a loaded kexec kernel would bypass the boot loader: the one-shot would be neither
         # used nor consumed (pitfall 15)
         'test "$(cat /sys/kernel/kexec_loaded 2>/dev/null || echo 0)" = 0',
     ]
-    # the deadline running proves the safety net was there; the commit stops it first, so it
-    # cannot reboot the host in the middle of a refresh
-    confirm = [f'test "$(uname -r)" = {new}', f"systemctl is-active --quiet {DEADLINE_UNIT}.timer"]
-    disarm = [f"rm -f {ARM_UNIT_PATH}", "systemctl daemon-reload"]
-    commit = [f"systemctl stop {DEADLINE_UNIT}.timer", f"systemctl disable {ARM_UNIT}", *disarm]
-    # back on the old kernel the arm unit never ran (ConditionKernelVersion)
-    abandon = [f"systemctl disable {ARM_UNIT} 2>/dev/null || true", *disarm]
+    # the trial record (and with it the deadline) is the deploy's to write and remove
+    confirm = [f'test "$(uname -r)" = {new}']
+    commit: list[str] = []
+    abandon: list[str] = []
     if method == "systemd-boot":
         pin += ["proxmox-boot-tool refresh"]
         pin += every_esp(_default_is(systemd_boot_entry(running)))
@@ -370,20 +363,6 @@ def _steps(
         "confirm": tuple(confirm),
         "commit": tuple(commit),
         "abandon": tuple(abandon),
-        "deadline": deadline,
-        "arm_unit": arm_unit(kernel, deadline),
+        "deadline_s": deadline_minutes * 60,
+        "before_deadline_reboot": tuple(before_reboot),
     }
-
-
-def arm_unit(kernel: str, deadline: str) -> str:
-    """A boot unit that starts the deadline on the trial kernel only, early, without SSH."""
-    return (
-        "[Unit]\n"
-        "Description=gpuhost trial boot: reboot unless the post-boot checks pass in time\n"
-        f"ConditionKernelVersion={kernel}\n"
-        "\n[Service]\n"
-        "Type=oneshot\n"
-        f"ExecStart=/usr/bin/{deadline}\n"
-        "\n[Install]\n"
-        "WantedBy=multi-user.target\n"
-    )

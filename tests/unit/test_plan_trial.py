@@ -29,7 +29,7 @@ def test_systemd_boot_trial_is_planned_and_shown() -> None:
     assert trial is not None and trial.can_apply
     assert (trial.method, trial.running, trial.kernel) == ("systemd-boot", "6.8.12-9-pve", NEW)
     assert trial.entry == f"proxmox-{NEW}.conf" and trial.cmdline[0] == "panic=15"
-    assert "--on-active=30min" in trial.deadline
+    assert trial.deadline_s == 1800
     line = next(x for x in render_plan(plan).splitlines() if "trial boot" in x)
     assert line == (
         "kernel trial boot (planned and shown, not applied yet): trial boot of "
