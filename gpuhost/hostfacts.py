@@ -17,6 +17,7 @@ from typing import Any
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import PyinfraError
 
+from facts.boot import BootPath, BootPathInfo
 from facts.files import BootId, ConfigFiles, ManagedFiles
 from facts.kernel import (
     CharDevices,
@@ -75,12 +76,14 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "BootId": (BootId, {}),
     "SevSnp": (SevSnp, {}),
     "IommuDomains": (IommuDomains, {}),
+    "BootPath": (BootPath, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
-# fact's default (no SEV flags, no IOMMU units or group types), as if the host had shown none;
-# the managed files, loaded modules and boot id load as None ("not captured").
+# fact's default (no SEV flags, no IOMMU units or group types, a boot path not known), as if
+# the host had shown none; the managed files, loaded modules and boot id load as None ("not
+# captured").
 NOT_CAPTURED = frozenset({"LoadedModules", "ConfigFiles", "BootId"})
-ADDED_LATER = frozenset({"SevSnp", "IommuDomains"}) | NOT_CAPTURED
+ADDED_LATER = frozenset({"SevSnp", "IommuDomains", "BootPath"}) | NOT_CAPTURED
 
 
 @dataclass
@@ -105,6 +108,7 @@ class HostFacts:
     boot_id: str | None = None
     sev: SevState = field(default_factory=SevState)
     iommu: IommuState = field(default_factory=IommuState)
+    boot_path: BootPathInfo = field(default_factory=BootPathInfo)  # known=False: not captured
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -176,6 +180,7 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         boot_id=value["BootId"],
         sev=value["SevSnp"],
         iommu=value["IommuDomains"],
+        boot_path=value["BootPath"],
     )
 
 

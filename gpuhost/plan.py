@@ -36,6 +36,7 @@ from gpuhost.split import (
     owner_of_guest,
     slot,
 )
+from gpuhost.trialboot import TrialBoot, plan_trial_boot
 
 __all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan"]
 
@@ -127,6 +128,9 @@ class Plan:
     lxc_nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)
     vm_functions: dict[int, tuple[str, ...]] = field(default_factory=dict)
     hardware: HardwareSpec | None = None  # the GPUs the host must carry
+    # How the planned kernel would be booted once before it is pinned (None: it is running).
+    # Planned and shown only: no deploy runs it yet, so a refused trial is not a plan problem.
+    trial_boot: TrialBoot | None = None
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -360,6 +364,18 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         raise PlanError(host, problems, source)
 
     lxc_nodes, vm_functions = _guest_devices(assignments, facts)
+    trial = None
+    if spec.kernel.version != kernel.release:
+        settings = spec.kernel.trial
+        trial = plan_trial_boot(
+            running=kernel.release,
+            kernel=spec.kernel.version,
+            path=facts.boot_path,
+            tool=facts.boot_tool,
+            panic_timeout=settings.panic_timeout,
+            deadline_minutes=settings.deadline_minutes,
+            without_oneshot=settings.without_oneshot,
+        )
     expected = [p for p in running if p not in remove]
     cut = expected.index("--") if "--" in expected else len(expected)
     expected = expected[:cut] + add + expected[cut:]
@@ -389,6 +405,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         lxc_nodes=lxc_nodes,
         vm_functions=vm_functions,
         hardware=spec.hardware,
+        trial_boot=trial,
     )
 
 

@@ -28,6 +28,7 @@ from pydantic_core import PydanticCustomError
 
 from gpuhost.redact import show
 from gpuhost.spec_checks import NO_VALUE, cross_field_problems
+from gpuhost.spec_trial import TrialSpec
 from gpuhost.values import (
     MAX_GPU_INDEX,
     MAX_ITEMS,
@@ -105,6 +106,10 @@ class KernelSpec(Model):
         max_length=MAX_ITEMS,
         description="Known-good kernels that must stay installed and bootable (the running "
         "kernel is always kept).",
+    )
+    trial: TrialSpec = Field(
+        default_factory=TrialSpec,
+        description="How a new kernel is booted once before it is pinned.",
     )
 
 

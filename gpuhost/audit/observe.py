@@ -34,6 +34,11 @@ AUDIT_FACTS: dict[str, type[FactBase]] = {
     "NvidiaModuleFiles": NvidiaModuleFiles,
     "CudaProbe": CudaProbe,
 }
+# Planner facts the audit does not read yet: the trial boot is planned and shown, not applied,
+# so there is nothing of it to check. They load with their defaults; the day the audit checks a
+# trial, drop the key here and recapture with tools/device-audit.sh (the replay test says so).
+NOT_AUDITED = ("BootPath",)
+HOST_FACT_KEYS = tuple(k for k in FACTS if k not in NOT_AUDITED)
 GUEST_FACTS: dict[str, type[FactBase]] = {
     "NvidiaDeviceNodes": NvidiaDeviceNodes,
     "NvidiaUserspace": NvidiaUserspace,
@@ -78,7 +83,7 @@ def host_command(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:
     nvidia-modprobe), so the nodes are read before CUDA can touch them."""
     facts = [c for c in _commands(AUDIT_FACTS, sizes) if c[0] != "CudaProbe"]
     probe = [c for c in _commands(AUDIT_FACTS, sizes) if c[0] == "CudaProbe"]
-    first = Combined().command(tuple(combined_args()["commands"]) + tuple(facts))
+    first = Combined().command(tuple(combined_args(HOST_FACT_KEYS)["commands"]) + tuple(facts))
     return f"{first}\n{Combined().command(tuple(probe))}"
 
 
@@ -110,14 +115,14 @@ def _split(stdout: str) -> dict[str, tuple[int, list[str]]]:
 def observe_host(run: Runner, sizes: tuple[int, ...] = DEFAULT_SIZES) -> HostView:
     rc, stdout, stderr = run(host_command(sizes))
     raw = _split(stdout)
-    missing = [k for k in (*FACTS, *AUDIT_FACTS) if k not in raw]
+    missing = [k for k in (*HOST_FACT_KEYS, *AUDIT_FACTS) if k not in raw]
     if missing:
         raise UnparsedOutput(
             "audit host command", f"exit {rc}: {stderr.strip()[-300:]}", f"no output for {missing}"
         )
     value = {k: _parse(k, cls, *raw[k]) for k, cls in AUDIT_FACTS.items()}
     return HostView(
-        facts=parse_raw({k: raw[k] for k in FACTS}),
+        facts=parse_raw({k: raw[k] for k in HOST_FACT_KEYS}),
         nodes=value["NvidiaDeviceNodes"] or {},
         firmware=value["GspFirmwareFiles"] or {},
         userspace=value["NvidiaUserspace"] or {},

@@ -1,0 +1,37 @@
+"""The spec's trial boot settings (kernel.trial): how a new kernel is booted once before it
+becomes the default. Kept apart from gpuhost/spec.py so each module stays small."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrialSpec(BaseModel):
+    """How a new kernel is trial-booted: once, through the boot loader's one-shot."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    panic_timeout: int = Field(
+        10,
+        ge=1,
+        le=300,
+        description="panic=N: seconds before a panicked kernel reboots (into the pinned, "
+        "known-good kernel during a trial). The trial plan puts it on the command line with "
+        "oops=panic, softlockup_panic=1 and nmi_watchdog=panic, and keeps panic=N after the "
+        "commit (0 would make the initramfs halt).",
+    )
+    deadline_minutes: int = Field(
+        20,
+        ge=5,
+        le=240,
+        description="Minutes the trial boot has to pass its post-boot checks before it reboots "
+        "itself (gpuhost-trial-deadline.timer, reading the trial record), back into the pinned "
+        "kernel.",
+    )
+    without_oneshot: bool = Field(
+        False,
+        description="Allow a trial on plain GRUB whose grubenv sits on LVM, RAID, ZFS or btrfs, "
+        "where GRUB cannot clear next_entry (no true one-shot): a new kernel that panics or "
+        "hangs before userspace then keeps booting until someone at the console or IPMI picks "
+        "the old one. Without it such a trial is refused.",
+    )

@@ -1,0 +1,57 @@
+"""The Plan's trial boot: planned when the spec's kernel is not the running one, shown by the
+renderer, never a reason to refuse the plan (no deploy runs it yet)."""
+
+from gpuhost.plan import make_plan
+from gpuhost.render import render_plan
+from gpuhost.spec import HostSpec
+from tests.unit.conftest import proxmox
+from tests.unit.hosts import kpro6
+
+NEW = "6.14.8-2-bpo12-pve"  # kpro6 runs 6.8.12-9-pve
+
+
+def spec(version: str = NEW, **trial: object) -> HostSpec:
+    kernel = {"version": version, "trial": trial}
+    return HostSpec.model_validate({"kernel": kernel, "driver": {"version": "580.95.05"}})
+
+
+def test_no_trial_when_the_planned_kernel_runs() -> None:
+    facts = kpro6(BootPath=(0, proxmox("boot-path-systemd-boot.out")))
+    plan = make_plan("kpro6", spec("6.8.12-9-pve"), facts)
+    assert plan.trial_boot is None
+    assert "trial boot" not in render_plan(plan)
+
+
+def test_systemd_boot_trial_is_planned_and_shown() -> None:
+    facts = kpro6(BootPath=(0, proxmox("boot-path-systemd-boot.out")))
+    plan = make_plan("kpro6", spec(panic_timeout=15, deadline_minutes=30), facts)
+    trial = plan.trial_boot
+    assert trial is not None and trial.can_apply
+    assert (trial.method, trial.running, trial.kernel) == ("systemd-boot", "6.8.12-9-pve", NEW)
+    assert trial.entry == f"proxmox-{NEW}.conf" and trial.cmdline[0] == "panic=15"
+    assert trial.deadline_s == 1800
+    line = next(x for x in render_plan(plan).splitlines() if "trial boot" in x)
+    assert line == (
+        "kernel trial boot (planned and shown, not applied yet): trial boot of "
+        f"{NEW} via systemd-boot one-shot 'proxmox-{NEW}.conf', 6.8.12-9-pve pinned until the "
+        "checks pass"
+    )
+
+
+def test_lvm_grub_trial_is_refused_but_the_plan_stands() -> None:
+    facts = kpro6(
+        BootPath=(0, proxmox("boot-path-grub-lvm.out")),
+        BootTool=(0, proxmox("boot-tool-status-unconfigured.out")),
+    )
+    plan = make_plan("kpro6", spec(), facts)
+    assert plan.trial_boot is not None and not plan.trial_boot.can_apply
+    assert plan.trial_boot.method == "grub-no-oneshot"
+    assert "refused (grub-no-oneshot)" in render_plan(plan)
+    opted_in = make_plan("kpro6", spec(without_oneshot=True), facts).trial_boot
+    assert opted_in is not None and opted_in.can_apply
+
+
+def test_old_snapshot_without_boot_path_shows_an_unknown_trial() -> None:
+    plan = make_plan("kpro6", spec(), kpro6())
+    assert plan.trial_boot is not None and plan.trial_boot.method == "unknown"
+    assert "capture the facts again" in render_plan(plan)

@@ -1,0 +1,237 @@
+"""Trial boot planning for each boot path (shared/trial-boot.md), on the BootPath and
+proxmox-boot-tool outputs of tests/fixtures/proxmox/facts."""
+
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from facts.boot import parse_boot_path
+from facts.proxmox import parse_boot_tool_status
+from gpuhost.trialboot import (
+    ESP_MOUNTS,
+    TrialBoot,
+    grub_entry,
+    on_esp,
+    plan_trial_boot,
+    systemd_boot_entry,
+)
+from tests.unit.conftest import proxmox
+
+OLD, NEW = "6.8.12-9-pve", "6.14.8-2-bpo12-pve"
+G = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+ZFS_DEVID = "5f3a1c2e9b7d4e80"
+LVM_DEVID = "2b1f6a0c-5e3d-4c8a-9f71-0d4e2a6b8c13"
+PLAIN_DEVID = "9c0e4d1a-77b2-4f0e-a3c5-6e8f1b2d4a90"
+UNCONFIGURED = parse_boot_tool_status(proxmox("boot-tool-status-unconfigured.out"))
+
+
+def systemd_boot(**kw: object) -> TrialBoot:
+    return plan_trial_boot(
+        OLD,
+        NEW,
+        parse_boot_path(proxmox("boot-path-systemd-boot.out")),
+        parse_boot_tool_status(proxmox("boot-tool-status-uefi.out")),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def grub_esp(**kw: object) -> TrialBoot:
+    return plan_trial_boot(
+        OLD,
+        NEW,
+        parse_boot_path(proxmox("boot-path-grub-esp.out")),
+        parse_boot_tool_status(proxmox("boot-tool-status-grub-esp.out")),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def grub_lvm(**kw: object) -> TrialBoot:
+    path = parse_boot_path(proxmox("boot-path-grub-lvm.out"))
+    return plan_trial_boot(OLD, NEW, path, UNCONFIGURED, **kw)  # type: ignore[arg-type]
+
+
+def grub_plain(**kw: object) -> TrialBoot:
+    path = parse_boot_path(proxmox("boot-path-grub-plain.out"))
+    return plan_trial_boot(OLD, NEW, path, UNCONFIGURED, **kw)  # type: ignore[arg-type]
+
+
+def every_command(trial: TrialBoot) -> list[str]:
+    steps = (trial.checks, trial.pin_running, trial.prepare, trial.oneshot)
+    steps += (trial.confirm, trial.commit, trial.abandon, trial.before_deadline_reboot)
+    return [c for step in steps for c in step]
+
+
+def test_exact_one_shot_ids() -> None:
+    assert systemd_boot_entry(NEW) == "proxmox-6.14.8-2-bpo12-pve.conf"
+    assert grub_entry(NEW, ZFS_DEVID) == (
+        "gnulinux-advanced-5f3a1c2e9b7d4e80>gnulinux-6.14.8-2-bpo12-pve-advanced-5f3a1c2e9b7d4e80"
+    )
+
+
+def test_systemd_boot_one_shot_and_read_back() -> None:
+    trial = systemd_boot()
+    assert (trial.method, trial.can_apply, trial.entry) == (
+        "systemd-boot",
+        True,
+        f"proxmox-{NEW}.conf",
+    )
+    # the pin comes before anything is installed; a stale next-boot pin goes first
+    assert trial.pin_running[:3] == (
+        "rm -f /etc/kernel/next-boot-pin",
+        f"proxmox-boot-tool kernel pin {OLD}",
+        "proxmox-boot-tool refresh",
+    )
+    assert len(trial.pin_running) == 3 + 2  # loader.conf's default checked on both ESPs
+    assert trial.prepare[1:3] == (
+        f"proxmox-boot-tool kernel add {NEW}",
+        "proxmox-boot-tool refresh",
+    )
+    for uuid, check in zip(("4A1C-9E2B", "4A1D-03F7"), trial.prepare[3:], strict=True):
+        assert f"/dev/disk/by-uuid/{uuid}" in check and f"{ESP_MOUNTS}/{uuid}" in check
+        assert f'"$M/loader/entries/proxmox-{NEW}.conf"' in check
+        assert f"proxmox-{OLD}.conf" in check  # the default is still the old kernel
+    oneshot = trial.oneshot
+    clear = oneshot.index('bootctl set-default ""')
+    assert oneshot.index(f"bootctl set-oneshot proxmox-{NEW}.conf") > clear
+    assert oneshot[-1] == (
+        f"test \"$(tail -c +5 /sys/firmware/efi/efivars/LoaderEntryOneShot-{G} | tr -d '\\000')\""
+        f" = proxmox-{NEW}.conf"
+    )
+    assert f"test ! -e /sys/firmware/efi/efivars/LoaderEntryDefault-{G}" in oneshot
+    assert trial.confirm[0] == f'test "$(uname -r)" = {NEW}'
+    assert any("LoaderEntrySelected" in c and f"proxmox-{NEW}.conf" in c for c in trial.confirm)
+    assert f"test ! -e /sys/firmware/efi/efivars/LoaderEntryOneShot-{G}" in trial.confirm
+    # commit: pin the new kernel, keep the old one synced
+    pin = trial.commit.index(f"proxmox-boot-tool kernel pin {NEW}")
+    assert trial.commit[pin + 1 : pin + 4] == (
+        f"proxmox-boot-tool kernel add {OLD}",
+        f"proxmox-boot-tool kernel remove {NEW}",
+        "proxmox-boot-tool refresh",
+    )
+
+
+def test_read_back_catches_firmware_that_drops_the_write(tmp_path: Path) -> None:
+    # the read-back pipeline itself, on efivarfs-shaped files
+    check = systemd_boot().oneshot[-1].replace("/sys/firmware/efi/efivars", str(tmp_path))
+    var = tmp_path / f"LoaderEntryOneShot-{G}"
+    var.write_bytes(b"\x07\x00\x00\x00" + f"proxmox-{NEW}.conf\0".encode("utf-16-le"))
+    assert subprocess.run(["sh", "-c", check]).returncode == 0
+    var.write_bytes(b"\x07\x00\x00\x00" + f"proxmox-{OLD}.conf\0".encode("utf-16-le"))
+    assert subprocess.run(["sh", "-c", check]).returncode != 0
+    var.unlink()  # the firmware refused the write
+    assert subprocess.run(["sh", "-c", check], capture_output=True).returncode != 0
+
+
+def test_esp_helper_unmounts_and_reports_the_body(tmp_path: Path) -> None:
+    # with mount stubbed, the helper runs the body in $M and keeps its exit status
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    for tool in ("mount", "umount"):
+        (stub / tool).write_text("#!/bin/sh\nexit 0\n")
+        (stub / tool).chmod(0o755)
+    env = {"PATH": f"{stub}:/usr/bin:/bin"}
+    root = str(tmp_path / "esp")
+    ok = on_esp("4A1C-9E2B", 'test -d "$M"').replace(ESP_MOUNTS, root)
+    bad = on_esp("4A1C-9E2B", "false").replace(ESP_MOUNTS, root)
+    assert subprocess.run(["sh", "-c", ok], env=env).returncode == 0
+    assert subprocess.run(["sh", "-c", bad], env=env).returncode != 0
+    assert not (tmp_path / "esp" / "4A1C-9E2B").exists()
+
+
+def test_systemd_boot_refused_when_this_boot_did_not_use_it() -> None:
+    path = parse_boot_path(proxmox("boot-path-systemd-boot.out"))
+    path = replace(path, efivars={})
+    tool = parse_boot_tool_status(proxmox("boot-tool-status-uefi.out"))
+    trial = plan_trial_boot(OLD, NEW, path, tool)
+    assert trial.method == "systemd-boot" and not trial.can_apply
+    assert "LoaderInfo" in (trial.refusal or "") and trial.oneshot == ()
+
+
+def test_grub_on_esps_sets_next_entry_on_every_esp() -> None:
+    trial = grub_esp()
+    entry = grub_entry(NEW, ZFS_DEVID)
+    assert (trial.method, trial.can_apply, trial.entry) == ("grub-esp", True, entry)
+    sets = [c for c in trial.oneshot if "grub-editenv" in c]
+    assert len(sets) == 1  # one ESP in this host
+    assert f"'next_entry={entry}'" in sets[0] and '"$M/grub/grubenv"' in sets[0]
+    assert "grep -qxF" in sets[0]  # read back
+    assert "/boot/grub/grubenv" not in " ".join(trial.oneshot)  # plain grub-reboot: wrong file
+    assert any(f"'gnulinux-{NEW}-advanced-{ZFS_DEVID}'" in c for c in trial.prepare)
+    # the ESPs not booted keep their next_entry: the commit clears every one
+    assert any("unset next_entry" in c and "8C2E-11D0" in c for c in trial.commit)
+    assert f"proxmox-boot-tool kernel pin {NEW}" in trial.commit
+
+
+def test_plain_grub_on_a_partition_has_a_one_shot() -> None:
+    trial = grub_plain()
+    entry = grub_entry(NEW, PLAIN_DEVID)
+    assert (trial.method, trial.can_apply) == ("grub", True)
+    assert trial.oneshot[-2:] == (
+        f"grub-editenv /boot/grub/grubenv set 'next_entry={entry}'",
+        f"grub-editenv /boot/grub/grubenv list | grep -qxF 'next_entry={entry}'",
+    )
+    assert "! grub-editenv /boot/grub/grubenv list | grep -q '^next_entry=.'" in trial.confirm
+    assert "update-grub" in trial.prepare
+
+
+def test_lvm_grub_is_refused_with_the_reason_and_both_ways_out() -> None:
+    trial = grub_lvm()
+    assert (trial.method, trial.can_apply) == ("grub-no-oneshot", False)
+    refusal = trial.refusal or ""
+    assert "/dev/mapper/pve-root" in refusal and "cannot clear next_entry" in refusal
+    assert "proxmox-boot-tool init" in refusal  # way out 1: GRUB on an ESP
+    assert "kernel.trial.without_oneshot: true" in refusal and "console" in refusal  # way out 2
+    assert trial.oneshot == () and trial.commit == ()  # nothing to run, no silent sticky default
+
+
+def test_lvm_grub_with_the_opt_in_clears_next_entry_itself() -> None:
+    trial = grub_lvm(without_oneshot=True)
+    assert (trial.method, trial.can_apply) == ("grub-no-oneshot", True)
+    assert trial.before_deadline_reboot == ("grub-editenv /boot/grub/grubenv unset next_entry",)
+    assert any("console" in n for n in trial.notes)
+    assert any("next-boot-pin" in n for n in trial.notes)  # the stale one in this capture
+    # GRUB cannot clear it there, so the confirm does not expect it gone; the commit clears it
+    assert not any("next_entry=." in c for c in trial.confirm)
+    assert "grub-editenv /boot/grub/grubenv unset next_entry" in trial.commit
+
+
+@pytest.mark.parametrize("make", [systemd_boot, grub_esp, grub_plain, grub_lvm])
+def test_never_the_next_boot_pin(make) -> None:  # type: ignore[no-untyped-def]
+    trial = make(without_oneshot=True)
+    assert trial.can_apply
+    assert not any("--next-boot" in c for c in every_command(trial))
+    assert trial.pin_running[0] == "rm -f /etc/kernel/next-boot-pin"
+    assert not any("watchdog" in c.lower() for c in every_command(trial))  # no hardware one
+
+
+def test_trial_command_line_and_deadline() -> None:
+    trial = systemd_boot(panic_timeout=15, deadline_minutes=30)
+    assert trial.cmdline == ("panic=15", "oops=panic", "softlockup_panic=1", "nmi_watchdog=panic")
+    assert trial.cmdline_kept == ("panic=15",)
+    assert (trial.deadline_s, trial.before_deadline_reboot) == (30 * 60, ())
+    assert trial.confirm[0] == f'test "$(uname -r)" = {NEW}'
+    assert trial.summary == (
+        f"trial boot of {NEW} via systemd-boot one-shot 'proxmox-{NEW}.conf', "
+        f"{OLD} pinned until the checks pass"
+    )
+
+
+def test_unknown_path_and_full_boot_are_refused() -> None:
+    from facts.boot import BootPathInfo
+
+    unknown = plan_trial_boot(OLD, NEW, BootPathInfo(), None)
+    assert unknown.method == "unknown" and "capture the facts again" in (unknown.refusal or "")
+    full = replace(parse_boot_path(proxmox("boot-path-grub-plain.out")), boot_free=100 * 2**20)
+    trial = plan_trial_boot(OLD, NEW, full, UNCONFIGURED)
+    assert "/boot has 100 MiB free" in (trial.refusal or "")
+    assert trial.summary.startswith(f"trial boot of {NEW} refused (grub): /boot has 100 MiB")
+
+
+def test_values_from_the_host_are_checked_before_reaching_a_shell() -> None:
+    path = replace(parse_boot_path(proxmox("boot-path-grub-plain.out")), grub_devid="x; reboot")
+    trial = plan_trial_boot(OLD, NEW, path, UNCONFIGURED)
+    assert not trial.can_apply and "gnulinux-advanced-<id>" in (trial.refusal or "")
+    bad = plan_trial_boot("6.8.12-9-pve; reboot", NEW, path, UNCONFIGURED)
+    assert "not a Proxmox kernel release" in (bad.refusal or "")
