@@ -195,6 +195,9 @@ def test_lvm_grub_with_the_opt_in_clears_next_entry_itself() -> None:
     # GRUB cannot clear it there, so the confirm does not expect it gone; the commit clears it
     assert not any("next_entry=." in c for c in trial.confirm)
     assert "grub-editenv /boot/grub/grubenv unset next_entry" in trial.commit
+    # the deadline script (files/gpuhost-trial-deadline) runs exactly this before its reboot
+    script = (Path(__file__).parents[2] / "files/gpuhost-trial-deadline").read_text()
+    assert all(f"  {c}\n" in script for c in trial.before_deadline_reboot)
 
 
 @pytest.mark.parametrize("make", [systemd_boot, grub_esp, grub_plain, grub_lvm])
