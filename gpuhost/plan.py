@@ -37,6 +37,8 @@ from gpuhost.split import (
     slot,
 )
 from gpuhost.trialboot import TrialBoot, plan_trial_boot
+from gpuhost.trialstate import RECORD as TRIAL_RECORD
+from gpuhost.trialstate import Step, TrialRecord, next_step
 
 __all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan"]
 
@@ -129,8 +131,11 @@ class Plan:
     vm_functions: dict[int, tuple[str, ...]] = field(default_factory=dict)
     hardware: HardwareSpec | None = None  # the GPUs the host must carry
     # How the planned kernel would be booted once before it is pinned (None: it is running).
-    # Planned and shown only: no deploy runs it yet, so a refused trial is not a plan problem.
+    # A refused trial is not a plan problem: the deploy refuses it before anything changes, and
+    # the plan and the audit still show everything else.
     trial_boot: TrialBoot | None = None
+    trial_step: Step = Step.CONVERGED  # which step of the trial is due, from the host alone
+    target_kernel: str = ""  # spec.kernel.version
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -364,18 +369,9 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         raise PlanError(host, problems, source)
 
     lxc_nodes, vm_functions = _guest_devices(assignments, facts)
-    trial = None
-    if spec.kernel.version != kernel.release:
-        settings = spec.kernel.trial
-        trial = plan_trial_boot(
-            running=kernel.release,
-            kernel=spec.kernel.version,
-            path=facts.boot_path,
-            tool=facts.boot_tool,
-            panic_timeout=settings.panic_timeout,
-            deadline_minutes=settings.deadline_minutes,
-            without_oneshot=settings.without_oneshot,
-        )
+    trial, step = _trial(spec, facts, problems)
+    if problems:
+        raise PlanError(host, problems, source)
     expected = [p for p in running if p not in remove]
     cut = expected.index("--") if "--" in expected else len(expected)
     expected = expected[:cut] + add + expected[cut:]
@@ -406,6 +402,8 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         vm_functions=vm_functions,
         hardware=spec.hardware,
         trial_boot=trial,
+        trial_step=step,
+        target_kernel=spec.kernel.version,
     )
 
 
@@ -438,3 +436,31 @@ def _guest_devices(
         {ctid: (*nodes, *LXC_COMMON_NODES) for ctid, nodes in lxc.items()},
         {vmid: tuple(sorted(bdfs)) for vmid, bdfs in vm.items()},
     )
+
+
+def _trial(spec: HostSpec, facts: HostFacts, problems: list[str]) -> tuple[TrialBoot | None, Step]:
+    """The trial boot of the planned kernel, and which of its steps the host shows is due."""
+    try:
+        record = TrialRecord.parse((facts.files or {}).get(TRIAL_RECORD))
+    except ValueError as exc:
+        problems.append(str(exc))
+        return None, Step.CONVERGED
+    running = facts.kernel.release
+    pinned = facts.boot_kernels.pinned if facts.boot_kernels is not None else None
+    step = next_step(record, spec.kernel.version, running, pinned, facts.boot_id)
+    if step is Step.CONVERGED:
+        return None, step
+    # The kernel the trial falls back to: recorded when it started, else the one running now
+    # (or, on the planned kernel booted by other means, the pinned default it must replace).
+    previous = record.previous if record else pinned if step is Step.GATE else running
+    settings = spec.kernel.trial
+    trial = plan_trial_boot(
+        running=previous or running,
+        kernel=spec.kernel.version,
+        path=facts.boot_path,
+        tool=facts.boot_tool,
+        panic_timeout=settings.panic_timeout,
+        deadline_minutes=settings.deadline_minutes,
+        without_oneshot=settings.without_oneshot,
+    )
+    return trial, step

@@ -78,9 +78,7 @@ def render_plan(plan: Plan) -> str:
     else:
         out.append("no reboot needed")
     if plan.trial_boot is not None:
-        out.append(
-            f"kernel trial boot (planned and shown, not applied yet): {plan.trial_boot.summary}"
-        )
+        out.append(f"kernel trial boot ({plan.trial_step.value}): {plan.trial_boot.summary}")
     if plan.reboot_later:
         out.append("needs a later deploy (not applied by this one yet), then a reboot:")
         out += [f"  - {r}" for r in plan.reboot_later]

@@ -20,9 +20,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from gpuhost.plan import STATE_DIR
-
-RECORD = f"{STATE_DIR}/trial"
+# In gpuhost's state directory (gpuhost.plan.STATE_DIR; not imported: the planner imports this).
+RECORD = "/var/lib/gpuhost/trial"
 
 
 class Step(enum.Enum):

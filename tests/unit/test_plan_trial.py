@@ -4,6 +4,7 @@ renderer, never a reason to refuse the plan (no deploy runs it yet)."""
 from gpuhost.plan import make_plan
 from gpuhost.render import render_plan
 from gpuhost.spec import HostSpec
+from gpuhost.trialstate import Step
 from tests.unit.conftest import proxmox
 from tests.unit.hosts import kpro6
 
@@ -30,9 +31,10 @@ def test_systemd_boot_trial_is_planned_and_shown() -> None:
     assert (trial.method, trial.running, trial.kernel) == ("systemd-boot", "6.8.12-9-pve", NEW)
     assert trial.entry == f"proxmox-{NEW}.conf" and trial.cmdline[0] == "panic=15"
     assert trial.deadline_s == 1800
+    assert (plan.trial_step, plan.target_kernel) == (Step.START, NEW)
     line = next(x for x in render_plan(plan).splitlines() if "trial boot" in x)
     assert line == (
-        "kernel trial boot (planned and shown, not applied yet): trial boot of "
+        "kernel trial boot (start the trial boot): trial boot of "
         f"{NEW} via systemd-boot one-shot 'proxmox-{NEW}.conf', 6.8.12-9-pve pinned until the "
         "checks pass"
     )

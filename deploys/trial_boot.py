@@ -1,0 +1,214 @@
+"""The brick-safe trial boot of a new kernel: booted once through a true one-shot, proven by the
+audit's host checks, and only then pinned as the default.
+
+The steps and their exact commands are the Plan's (``plan.trial_boot``, see gpuhost/trialboot.py);
+which step is due comes from the host alone (``plan.trial_step``, see gpuhost/trialstate.py): its
+trial record, the running kernel and the boot id. So a run killed anywhere converges on the next
+one, and a trial that failed stops the deploy instead of being retried in a loop.
+
+Order across the deploy (deploys/gpu_host.py):
+  before_install  room on /boot and every ESP; pin the running kernel (nothing else can boot)
+  (kernel and driver deploys install the new kernel and its modules)
+  run_trial       sync the new kernel's entry to every ESP, arm the deadline, set and read back
+                  the one-shot, record the trial, stop the guests, reboot, wait; then the gate
+                  (the audit's host checks) and the commit, or back to the old kernel
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
+from pyinfra.api.exceptions import DeployError
+
+from deploys.context import observed
+from deploys.reboot import _read
+from facts.files import BootId
+from facts.kernel import KernelBuildInfo
+from gpuhost.audit.gate import run_gate
+from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
+from gpuhost.plan import STATE_DIR, Plan
+from gpuhost.trialstate import RECORD, Step, TrialRecord, failed_message
+
+JOURNAL = "journalctl -b -1 -k -n 40 --no-pager -o short-monotonic 2>/dev/null"
+
+
+def _all(commands: tuple[str, ...]) -> str:
+    """One shell command that runs ``commands`` in order and stops at the first failure."""
+    return " && ".join(f"( {c} )" for c in commands) if commands else "true"
+
+
+def _run(host, command: str) -> tuple[bool, str]:
+    ok, output = host.run_shell_command(StringCommand(command), print_output=False)
+    return ok, "\n".join(output.stdout_lines + output.stderr_lines)
+
+
+def _must(host, what: str, commands: tuple[str, ...]) -> None:
+    for command in commands:
+        ok, text = _run(host, command)
+        if not ok:
+            raise OperationError(f"{what}: `{command}` failed: {text.strip() or 'no output'}")
+
+
+def preflight(plan: Plan) -> None:
+    """Stop before anything changes when the trial cannot run or a previous one failed."""
+    trial, step = plan.trial_boot, plan.trial_step
+    if step is Step.FAILED:
+        record = TrialRecord.parse(observed(host).files.get(RECORD))
+        assert record is not None
+        raise DeployError(failed_message(host.name, record, plan.running_kernel, None))
+    if step in (Step.START, Step.GATE) and (trial is None or not trial.can_apply):
+        reason = trial.refusal if trial is not None else "no trial boot was planned"
+        raise DeployError(
+            f"{host.name}: kernel {plan.target_kernel} cannot be trial-booted: {reason}"
+        )
+
+
+@operation()
+def before_install(plan: Plan):
+    """
+    Before a new kernel is installed: room on /boot and every ESP, and the running kernel
+    pinned, so that installing the new one (which would be the newest) cannot make it boot.
+
+    + plan: the host's Plan (``trial_step``, ``trial_boot``)
+    """
+    trial = plan.trial_boot
+    if plan.trial_step is not Step.START or trial is None:
+        host.noop("no trial boot due")
+        return
+    yield _all(trial.checks)
+    yield _all(trial.pin_running)
+
+
+def _wait_for_boot(host, before: str, delay: int, timeout: int) -> str:
+    """The kernel release of the boot after ``before`` (a boot id), once the host is back."""
+    time.sleep(delay)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        host.disconnect()
+        host.connect(show_errors=False)
+        if host.connected:
+            now = _read(host, BootId())
+            kernel = _read(host, KernelBuildInfo())
+            if now not in (None, before) and kernel:
+                return kernel.release
+        time.sleep(1)
+    raise OperationError(f"the host did not come back with a new boot within {timeout} s")
+
+
+def _reboot(host) -> str:
+    """Reboot detached (the SSH channel closes before the host goes down); the old boot id."""
+    before = _read(host, BootId())
+    if before is None:
+        raise OperationError("cannot read the boot id before the reboot")
+    host.run_shell_command(
+        StringCommand("( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &"),
+        print_output=False,
+    )
+    return before
+
+
+def _gate_and_commit(host, plan: Plan, delay: int, timeout: int) -> None:
+    """On the trial kernel: its checks and the audit gate; then pin it, or go back and fail."""
+    trial = plan.trial_boot
+    assert trial is not None
+    spec = host.data.get(SPEC_KEY)
+    problems: list[str] = []
+    for command in trial.confirm:
+        ok, text = _run(host, command)
+        if not ok:
+            problems.append(f"`{command}` failed{': ' + text.strip() if text.strip() else ''}")
+
+    def runner(command: str) -> tuple[int, str, str]:
+        ok, output = host.run_shell_command(StringCommand(command), print_output=False)
+        return (0 if ok else 1, "\n".join(output.stdout_lines), "\n".join(output.stderr_lines))
+
+    gate = run_gate(host.name, spec, runner, host.data.get(SOURCE_KEY))
+    problems += list(gate.failed)
+    if not problems:
+        _must(host, "committing the trial", trial.commit)
+        _must(host, "clearing the trial record", (f"rm -f {shlex.quote(RECORD)}",))
+        logger.info(
+            f"{host.print_prefix}kernel {trial.kernel} passed its trial boot "
+            f"({len(gate.passed)} host checks) and is now the default"
+        )
+        return
+    # Back to the pinned kernel: the one-shot is spent, so a plain reboot starts the old default.
+    logger.warning(f"{host.print_prefix}trial of {trial.kernel} failed its checks; going back")
+    before = _reboot(host)
+    release = _wait_for_boot(host, before, delay, timeout)
+    if release == trial.kernel:
+        raise OperationError(
+            f"the trial of {trial.kernel} failed its checks and a reboot started it again: the "
+            f"boot loader's default is not {trial.running}. Fix the default by hand "
+            f"(`proxmox-boot-tool kernel pin {trial.running}` and refresh). Checks:\n"
+            + "\n".join(problems)
+        )
+    _must(host, "tidying up after the failed trial", trial.abandon)
+    raise OperationError(
+        f"kernel {trial.kernel} booted but failed the trial checks; the host is back on "
+        f"{release} (still the default). The record in {RECORD} keeps the next run from "
+        "retrying: fix the cause, remove it and run again. Checks:\n" + "\n".join(problems)
+    )
+
+
+@operation(is_idempotent=False)
+def run_trial(plan: Plan, delay: int = 10, timeout: int = 900):
+    """
+    Boot the new kernel once, prove it with the audit's host checks, then pin it.
+
+    + plan: the host's Plan (``trial_step``, ``trial_boot``)
+    + delay, timeout: seconds before the first reconnect attempt, and overall per boot
+    """
+    trial, step = plan.trial_boot, plan.trial_step
+    if step is Step.GATE:
+        yield FunctionCommand(
+            lambda state, host: _gate_and_commit(host, plan, delay, timeout), (), {}
+        )
+        return
+    if step is not Step.START or trial is None:
+        host.noop(f"kernel {plan.running_kernel} is running and pinned; no trial boot due")
+        return
+    now = observed(host)
+    record = TrialRecord(
+        kernel=trial.kernel,
+        previous=trial.running,
+        boot_id=now.boot_id or "",
+        deadline_s=trial.deadline_s,
+        method=trial.method,
+    )
+    yield _all(trial.prepare)
+    # The record before the one-shot: the deadline timer (files/gpuhost-trial-deadline) reads
+    # it, so the one-shot is never set without its safety net.
+    yield (
+        f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {shlex.quote(record.render())} "
+        f"> {shlex.quote(RECORD)}"
+    )
+    yield _all(trial.oneshot)
+
+    def reboot_into_trial(state, host) -> bool:
+        logger.info(
+            f"{host.print_prefix}rebooting into kernel {trial.kernel} once ({trial.method})"
+        )
+        before = _reboot(host)
+        release = _wait_for_boot(host, before, delay, timeout)
+        if release != trial.kernel:
+            _must(host, "tidying up after the failed trial", trial.abandon)
+            _, journal = _run(host, JOURNAL)
+            raise OperationError(failed_message(host.name, record, release, journal.strip()))
+        _gate_and_commit(host, plan, delay, timeout)
+        return True
+
+    yield FunctionCommand(reboot_into_trial, (), {})
+
+
+@deploy("Trial boot of a new kernel")
+def trial(plan: Plan) -> None:
+    run_trial(
+        name="Boot the new kernel once, check it, pin it",
+        plan=plan,
+        delay=int(host.data.get("gpuhost_reboot_delay", 10)),
+        timeout=int(host.data.get("gpuhost_reboot_timeout", 900)),
+    )
