@@ -4,6 +4,7 @@ gpuhost plan inventory/kpro6.py                      # facts from the live host 
 gpuhost plan inventory/kpro6.py --facts DIR          # facts from a saved snapshot
 gpuhost capture inventory/kpro6.py --out DIR         # save a snapshot of the live host
 gpuhost capture-script > capture.sh                  # the same, as a script to run anywhere
+gpuhost build inventory/kpro6.py [--jobs N]          # build a source kernel into the store
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import PyinfraError
 
+from gpuhost import buildcmd
 from gpuhost.hostfacts import (
     capture_script,
     gather_live,
@@ -23,6 +25,7 @@ from gpuhost.hostfacts import (
     write_snapshot,
 )
 from gpuhost.inventory import load_inventory
+from gpuhost.kernelbuild import KernelBuildError
 from gpuhost.plan import make_plan
 from gpuhost.render import render_plan
 
@@ -129,13 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     audit.set_defaults(run=_audit)
     script = sub.add_parser("capture-script", help="print a shell script that saves a snapshot")
     script.set_defaults(run=lambda _: print(capture_script(), end="") or 0)
+    buildcmd.add_parser(sub)
     _add_plugin_commands(sub)
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.run is not _twin_missing:  # that one takes any arguments
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.run(args)
-    except (PyinfraError, ValueError, FileNotFoundError) as exc:
+    except (PyinfraError, ValueError, FileNotFoundError, KernelBuildError) as exc:
         print(f"gpuhost: {exc}", file=sys.stderr)
         return 2
 

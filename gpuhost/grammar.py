@@ -65,6 +65,10 @@ SCP_URL_RE = re.compile(
     rf"(?P<user>[a-z_][a-z0-9_.-]{{0,31}})@(?P<host>[A-Za-z0-9.-]+):(?P<path>[A-Za-z0-9._~+%/][{GIT_PATH_CHARS}]*)"
 )
 CONFIG_NAME_RE = re.compile(r"CONFIG_[A-Z0-9_]+")
+# LOCALVERSION: what the kernel appends to X.Y.Z (it reaches make's command line and the
+# packages' names, so the release's own characters only).
+LOCALVERSION_RE = re.compile(r"[-.+][a-z0-9]+(?:[-.+][a-z0-9]+)*")
+BASE_CONFIG_TARGETS = ("tinyconfig", "defconfig", "allnoconfig")
 CONFIG_VALUE_RE = re.compile(
     rf"[ymn]|-?[0-9]+|0x[0-9a-fA-F]+|[{CMDLINE_VALUE_CHARS}](?:[ {CMDLINE_VALUE_CHARS}]*[{CMDLINE_VALUE_CHARS}])?"
 )
@@ -127,6 +131,12 @@ GRAMMARS = {
     "with - or ., not ending with . or .lock",
     "kernel config (kernel.build.config)": "names CONFIG_[A-Z0-9_]+; values y, m, n, an integer, "
     "0xHEX or text of the kernel-parameter value characters plus inner spaces",
+    "base config (kernel.build.base_config)": "one of "
+    + ", ".join(BASE_CONFIG_TARGETS)
+    + " (make targets), or an absolute, normalised path of a config file on the build machine",
+    "LOCALVERSION (kernel.build.localversion)": "starts with - . or +, then a-z0-9 words joined "
+    "by - . or +, at most 64 characters, e.g. -2-bpo12-pve",
+    "store path (artifacts.store)": "absolute and normalised, like a path",
     "requirement (venvs[].packages, constraints)": "one PEP 508 requirement (packaging's parser), "
     "no credentials in a URL, no $, backticks or backslashes",
     "types": "strict: ints are ints (True, 1.0 and '200' are not), bools are True/False, "

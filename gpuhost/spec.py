@@ -12,6 +12,7 @@ the field errors, all at once.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -27,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from gpuhost.redact import show
+from gpuhost.spec_artifacts import ArtifactsSpec
 from gpuhost.spec_checks import NO_VALUE, cross_field_problems
 from gpuhost.spec_trial import TrialSpec
 from gpuhost.values import (
@@ -34,6 +36,7 @@ from gpuhost.values import (
     MAX_ITEMS,
     AbsPath,
     AcsOverride,
+    BaseConfig,
     ConfigName,
     ConfigValue,
     CudaVersion,
@@ -49,6 +52,7 @@ from gpuhost.values import (
     KernelParam,
     KernelRelease,
     LinkClass,
+    LocalVersion,
     MachineType,
     ModuleName,
     PatchPath,
@@ -67,13 +71,27 @@ class Model(BaseModel):
 
 
 class KernelBuild(Model):
-    """A kernel built from the Proxmox kernel sources (pve-kernel)."""
+    """A kernel built from source into .deb packages (`gpuhost build`), once, into the store."""
 
     repo: GitRepo = Field(
-        description="Git URL (https://, ssh://, user@host:path) or absolute local path of the "
-        "pve-kernel sources; no credentials in the URL."
+        description="The kernel source tree (a top-level Makefile with VERSION/PATCHLEVEL/"
+        "SUBLEVEL): an absolute path on the build machine, used as it is (an unpacked tarball or "
+        "a checkout; `ref` is not applied to it), or a git URL (https://, ssh://, user@host:path) "
+        "that `gpuhost build` clones at `ref`; no credentials in the URL."
     )
-    ref: GitRef = Field("bookworm-6.14", description="Branch, tag or commit to build.")
+    ref: GitRef = Field("bookworm-6.14", description="Branch or tag to clone from a git URL.")
+    base_config: BaseConfig = Field(
+        "defconfig",
+        description="The config the fragment is applied to: 'tinyconfig', 'defconfig' or "
+        "'allnoconfig' (make targets), or the absolute path of a config file on the build "
+        "machine (e.g. the operator's 6.14 config).",
+    )
+    localversion: LocalVersion | None = Field(
+        None,
+        description="LOCALVERSION for make, e.g. '-2-bpo12-pve'. None: what follows X.Y.Z in "
+        "kernel.version. `make -s kernelrelease` must equal kernel.version before anything is "
+        "compiled.",
+    )
     config: dict[ConfigName, ConfigValue] = Field(
         default_factory=dict,
         max_length=MAX_ITEMS,
@@ -83,8 +101,13 @@ class KernelBuild(Model):
         default_factory=list,
         max_length=MAX_ITEMS,
         description="Extra patch files applied in order, as normalised paths relative to files/ "
-        "(e.g. 'patches/acs.patch').",
+        "(e.g. 'patches/acs.patch'). Not applied yet: `gpuhost build` refuses a recipe with "
+        "patches.",
     )
+
+    def localversion_for(self, release: str) -> str:
+        """LOCALVERSION: the field, or what follows X.Y.Z in the release."""
+        return self.localversion or re.sub(r"^[0-9]+\.[0-9]+\.[0-9]+", "", release)
 
 
 class KernelSpec(Model):
@@ -391,6 +414,9 @@ class HostSpec(Model):
     p2p: P2PSpec = Field(default_factory=P2PSpec, description="Expected P2P capability.")
     hardware: HardwareSpec | None = Field(
         None, description="GPUs the host must carry (audited); None: whatever the host shows."
+    )
+    artifacts: ArtifactsSpec = Field(
+        default_factory=ArtifactsSpec, description="Where built kernels and modules are kept."
     )
 
     @model_validator(mode="wrap")

@@ -16,6 +16,7 @@ from gpuhost.grammar import (
     ABS_PATH_RE,
     ACS_MAX_IDS,
     ACS_TOKEN_RE,
+    BASE_CONFIG_TARGETS,
     BDF_RE,
     CMDLINE_NAME_RE,
     CMDLINE_RE,
@@ -37,6 +38,7 @@ from gpuhost.grammar import (
     HTTPS_URL_RE,
     KERNEL_RE,
     LINK_RE,
+    LOCALVERSION_RE,
     MACHINE_RE,
     MANAGED_CMDLINE_KEYS,
     MAX_TEXT,
@@ -399,6 +401,27 @@ def _config_name(value: str) -> str:
     return value
 
 
+def _base_config(value: str) -> str:
+    if value in BASE_CONFIG_TARGETS:
+        return value
+    if value.startswith("/"):
+        return _abs_path(value)
+    raise ValueError(
+        f"{show(value)} is not a base config; write one of {', '.join(BASE_CONFIG_TARGETS)} or "
+        "the absolute path of a config file, e.g. '/etc/gpuhost/kernel-6.14.config'"
+    )
+
+
+LocalVersion = Annotated[
+    str,
+    _grammar(
+        LOCALVERSION_RE,
+        "kernel LOCALVERSION",
+        "write what follows X.Y.Z in the release, e.g. '-2-bpo12-pve'",
+        "a-z0-9.+-",
+        64,
+    ),
+]
 DnsName = Annotated[str, AfterValidator(check_dns_name)]
 Hostname = Annotated[str, AfterValidator(_hostname)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
@@ -412,6 +435,7 @@ GitRef = Annotated[str, AfterValidator(_git_ref)]
 PipRequirement = Annotated[str, AfterValidator(_requirement)]
 ConfigName = Annotated[str, AfterValidator(_config_name)]
 ConfigValue = Annotated[str, AfterValidator(_config_value)]
+BaseConfig = Annotated[str, AfterValidator(_base_config)]
 MAX_ITEMS = 256  # no list or mapping in a spec is longer
 
 MAX_GPU_INDEX = 1023  # nvidia-smi indexes a spec may name

@@ -1,0 +1,177 @@
+"""The kernel build's pure parts (config lines, hashes, the jobs rule), its spec fields and the
+`gpuhost build` refusals. The real build is tests/build/test_kernel_build.py."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuhost.buildcmd import build_host, clone, mem_available, recipe_for, source_tree
+from gpuhost.cli import main
+from gpuhost.inventory import SpecError, validate_spec
+from gpuhost.kernelbuild import (
+    GIB,
+    KernelBuildError,
+    _jobs,
+    compiler_text,
+    config_hash,
+    fragment_lines,
+    tree_version,
+)
+from gpuhost.spec import HostSpec
+
+BUILD = {
+    "version": "6.14.8-2-bpo12-pve",
+    "source": "build",
+    "build": {"repo": "/srv/linux-6.14", "config": {"CONFIG_VFIO_PCI": "m"}},
+}
+BASE = {"kernel": BUILD, "driver": {"version": "595.71.05"}}
+
+
+def problems(data: dict) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        validate_spec("inventory/x.py", "kb", data)
+    return info.value.problems
+
+
+def test_fragment_lines_quote_text_and_spell_n_as_kconfig_does():
+    assert fragment_lines(
+        {"CONFIG_B": "n", "CONFIG_A": "y", "CONFIG_N": "0x10", "CONFIG_T": "-x pve"}
+    ) == ["CONFIG_A=y", "# CONFIG_B is not set", "CONFIG_N=0x10", 'CONFIG_T="-x pve"']
+
+
+def test_config_hash_ignores_comments_but_not_settings():
+    config = "#\n# Linux/x86 6.1.192 Kernel Configuration\n#\nCONFIG_A=y\n# CONFIG_B is not set\n"
+    other_header = config.replace("6.1.192", "6.1.193")
+    assert config_hash(config) == config_hash(other_header)
+    assert config_hash(config) != config_hash(config.replace("# CONFIG_B is not set\n", ""))
+    assert config_hash(config) != config_hash(config.replace("CONFIG_A=y", "CONFIG_A=m"))
+
+
+def test_compiler_text_comes_from_the_config():
+    config = (
+        'CONFIG_CC_VERSION_TEXT="gcc-12 (Debian 12.2.0-14+deb12u1) 12.2.0"\nCONFIG_CC_IS_GCC=y\n'
+    )
+    assert compiler_text(config) == "gcc-12 (Debian 12.2.0-14+deb12u1) 12.2.0"
+    with pytest.raises(KernelBuildError, match="no CONFIG_CC_VERSION_TEXT"):
+        compiler_text("CONFIG_CC_IS_GCC=y\n")
+
+
+@pytest.mark.parametrize(
+    ("cores", "mem_gib", "jobs"),
+    [
+        (2, 24, 2),  # CI: cores bound it
+        (64, 32, 20),  # a big box with little memory: (32 - 2) / 1.5
+        (16, 2, 1),  # never below one
+        (8, 3.4, 0 + 1),
+    ],
+)
+def test_jobs_from_cores_and_memory(cores, mem_gib, jobs):
+    assert _jobs(cores, int(mem_gib * GIB)) == jobs
+
+
+def test_mem_available_from_proc_meminfo():
+    text = "MemTotal:       24567012 kB\nMemFree:  100 kB\nMemAvailable:   23900000 kB\n"
+    assert mem_available(text) == 23900000 * 1024
+    with pytest.raises(KernelBuildError, match="MemAvailable"):
+        mem_available("MemTotal: 1 kB\n")
+
+
+def test_tree_version_reads_the_makefile(tmp_path):
+    (tmp_path / "Makefile").write_text(
+        "# SPDX\nVERSION = 6\nPATCHLEVEL = 14\nSUBLEVEL = 8\nEXTRAVERSION =\nNAME = Baby Opossum\n"
+    )
+    assert tree_version(tmp_path) == "6.14.8"
+    with pytest.raises(KernelBuildError, match="must be a kernel source tree"):
+        tree_version(tmp_path / "nowhere")
+
+
+def test_spec_fields_and_defaults():
+    spec = HostSpec.model_validate(BASE)
+    assert spec.artifacts.store == "/var/cache/gpuhost/artifacts"
+    assert spec.artifacts.build_host is None
+    recipe = spec.kernel.build
+    assert recipe.base_config == "defconfig" and recipe.localversion is None
+    assert recipe.localversion_for(spec.kernel.version) == "-2-bpo12-pve"
+    built = recipe_for("kb", spec, Path("/srv/linux-6.14"))
+    assert (built.cc, built.localversion, built.release) == (
+        "gcc-12",
+        "-2-bpo12-pve",
+        "6.14.8-2-bpo12-pve",
+    )
+    assert built.fragment == {"CONFIG_VFIO_PCI": "m"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("base_config", "config", "is not a base config"),
+        ("base_config", "/etc/../x.config", "'.' or '..' component"),
+        ("localversion", "-2 ;rm", "is not a kernel LOCALVERSION"),
+        ("localversion", "2-pve", "is not a kernel LOCALVERSION"),
+    ],
+)
+def test_build_fields_are_grammars(field, value, says):
+    data = {**BASE, "kernel": {**BUILD, "build": {**BUILD["build"], field: value}}}
+    (problem,) = problems(data)
+    assert f"kernel.build.{field}" in problem and says in problem
+
+
+@pytest.mark.parametrize(
+    ("store", "says"),
+    [("relative/store", "not absolute"), ("/var/cache/x/", "ends with '/'"), (7, "string")],
+)
+def test_the_store_is_an_absolute_path(store, says):
+    (problem,) = problems({**BASE, "artifacts": {"store": store}})
+    assert "artifacts.store" in problem and says in problem
+
+
+def test_gpuhost_build_refusals(tmp_path):
+    package = HostSpec.model_validate({**BASE, "kernel": {"version": "6.8.12-9-pve"}})
+    assert build_host("kb", package, 1, tmp_path) == (
+        "kb: kernel.source is 'package' (6.8.12-9-pve); nothing to build"
+    )
+    remote = HostSpec.model_validate({**BASE, "artifacts": {"build_host": "builder.lan"}})
+    with pytest.raises(Exception, match=r"artifacts\.build_host is not applied yet"):
+        build_host("kb", remote, 1, tmp_path)
+    patched = {**BUILD, "build": {**BUILD["build"], "patches": ["patches/acs.patch"]}}
+    spec = HostSpec.model_validate({**BASE, "kernel": patched})
+    with pytest.raises(Exception, match="patches are not applied yet"):
+        recipe_for("kb", spec, Path("/srv/linux-6.14"))
+
+
+def test_gpuhost_build_says_what_is_wrong_with_a_tree(tmp_path, capsys):
+    inventory = tmp_path / "inv.py"
+    inventory.write_text(
+        "from gpuhost.inventory import gpu_host\n"
+        "gpu_hosts = [gpu_host('kb', ssh_hostname='192.0.2.1', spec={\n"
+        f"    'kernel': {{'version': '6.14.8-2-bpo12-pve', 'source': 'build', "
+        f"'build': {{'repo': '{tmp_path}/empty'}}}},\n"
+        "    'driver': {'version': '595.71.05'},\n"
+        f"    'artifacts': {{'store': '{tmp_path}/store'}}}})]\n"
+    )
+    (tmp_path / "empty").mkdir()
+    assert main(["build", str(inventory), "--jobs", "1", "--work", str(tmp_path)]) == 2
+    assert "no top-level Makefile" in capsys.readouterr().err
+
+
+def test_a_git_url_is_cloned_at_its_ref(tmp_path):
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    (origin / "Makefile").write_text("VERSION = 6\n")
+    for argv in (
+        ["init", "-q", "-b", "main"],
+        ["add", "Makefile"],
+        ["-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "x"],
+        ["tag", "v6.14"],
+    ):
+        subprocess.run(["git", "-C", str(origin), *argv], check=True)
+    assert source_tree(str(origin), "v6.14", tmp_path) == origin  # a path is the tree itself
+    # A URL is cloned into the work directory (git takes a path the same way).
+    cloned = clone(str(origin), "v6.14", tmp_path / "work")
+    assert (cloned / "Makefile").read_text() == "VERSION = 6\n"
+    assert cloned.parent == tmp_path / "work"
+    with pytest.raises(KernelBuildError, match=r"git clone of kernel\.build\.repo at 'v9' failed"):
+        clone(str(origin), "v9", tmp_path / "work2")
