@@ -1,10 +1,12 @@
 """The Plan's trial boot: planned when the spec's kernel is not the running one, shown by the
 renderer, never a reason to refuse the plan (no deploy runs it yet)."""
 
-from gpuhost.plan import make_plan
+import pytest
+
+from gpuhost.plan import PlanError, make_plan
 from gpuhost.render import render_plan
 from gpuhost.spec import HostSpec
-from gpuhost.trialstate import Step
+from gpuhost.trialstate import RECORD, Step
 from tests.unit.conftest import proxmox
 from tests.unit.hosts import kpro6
 
@@ -57,3 +59,40 @@ def test_old_snapshot_without_boot_path_shows_an_unknown_trial() -> None:
     plan = make_plan("kpro6", spec(), kpro6())
     assert plan.trial_boot is not None and plan.trial_boot.method == "unknown"
     assert "capture the facts again" in render_plan(plan)
+
+
+def _with_record(record: str | None, boot_id: str) -> dict[str, tuple[int, list[str]]]:
+    import base64
+
+    cmdline = base64.b64encode(b"root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet\n").decode()
+    files = [f"F /etc/kernel/cmdline {cmdline}"]
+    if record is not None:
+        files.append(f"F {RECORD} {base64.b64encode(record.encode()).decode()}")
+    return {
+        "BootPath": (0, proxmox("boot-path-systemd-boot.out")),
+        "ConfigFiles": (0, files),
+        "BootId": (0, [boot_id]),
+    }
+
+
+RECORDED = (
+    f"kernel={NEW}\nprevious=6.8.12-9-pve\nboot_id={'1' * 8}-0000-0000-0000-{'0' * 12}\n"
+    "deadline_s=1200\nmethod=systemd-boot\n"
+)
+
+
+def test_the_trial_step_comes_from_the_hosts_record() -> None:
+    before = f"{'1' * 8}-0000-0000-0000-{'0' * 12}"
+    after = f"{'2' * 8}-0000-0000-0000-{'0' * 12}"
+    # the reboot did not happen yet (a run killed after writing the record): start again
+    plan = make_plan("kpro6", spec(), kpro6(**_with_record(RECORDED, before)))
+    assert plan.trial_step is Step.START
+    # a new boot, but the old kernel runs: the trial failed; the deploy stops and says so
+    plan = make_plan("kpro6", spec(), kpro6(**_with_record(RECORDED, after)))
+    assert plan.trial_step is Step.FAILED and plan.trial_boot is not None
+    assert "the trial boot failed" in render_plan(plan)
+
+
+def test_a_damaged_record_refuses_the_plan_naming_it() -> None:
+    with pytest.raises(PlanError, match="trial lacks previous, boot_id"):
+        make_plan("kpro6", spec(), kpro6(**_with_record(f"kernel={NEW}\n", "3" * 36)))
