@@ -1,15 +1,23 @@
 """gpuhost's main deploy: `pyinfra inventory/<site>.py deploys/gpu_host.py`.
 
-Reads the host once, prints the plan (refusing splits that cannot work before anything
-changes), then applies each concern of that one Plan and reboots only if the host needs it.
+Reads the host once, prints the plan (refusing splits that cannot work, and trial boots that
+cannot be made safe, before anything changes), then applies each concern of that one Plan. A new
+kernel is booted once through a true one-shot and pinned only after the audit's host checks pass
+on it (deploys/trial_boot.py); otherwise the host reboots only if it needs to.
 """
 
 from pyinfra import host
 
-from deploys import boot_cmdline, context, devices, modules, reboot
+from deploys import boot_cmdline, context, devices, modules, reboot, trial_boot
+from gpuhost.trialstate import Step
 
 plan = context.plan(host)
+trial_boot.preflight(plan)
+trial_boot.before_install(name="Room for a new kernel; pin the running one", plan=plan)
 boot_cmdline.configure(plan)
 modules.configure(plan)
 devices.configure(plan)
-reboot.reboot_if_needed(plan)
+if plan.trial_step is Step.CONVERGED:
+    reboot.reboot_if_needed(plan)
+else:  # the trial's reboot applies everything above too, and its gate checks it
+    trial_boot.trial(plan)
