@@ -46,6 +46,7 @@ from facts.proxmox import (
     BootTool,
     BootToolStatus,
     GuestConfig,
+    GuestStatuses,
     PveGuestConfigs,
 )
 from facts.snapshot import MISSING_TOOL, Combined
@@ -75,11 +76,12 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "BootId": (BootId, {}),
     "SevSnp": (SevSnp, {}),
     "IommuDomains": (IommuDomains, {}),
+    "GuestStatuses": (GuestStatuses, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
 # fact's default (no SEV flags, no IOMMU units or group types), as if the host had shown none;
-# the managed files, loaded modules and boot id load as None ("not captured").
-NOT_CAPTURED = frozenset({"LoadedModules", "ConfigFiles", "BootId"})
+# the managed files, loaded modules, boot id and guest statuses load as None ("not captured").
+NOT_CAPTURED = frozenset({"LoadedModules", "ConfigFiles", "BootId", "GuestStatuses"})
 ADDED_LATER = frozenset({"SevSnp", "IommuDomains"}) | NOT_CAPTURED
 
 
@@ -105,6 +107,7 @@ class HostFacts:
     boot_id: str | None = None
     sev: SevState = field(default_factory=SevState)
     iommu: IommuState = field(default_factory=IommuState)
+    guest_statuses: dict[tuple[str, int], str] | None = None  # None: not captured
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -176,6 +179,7 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         boot_id=value["BootId"],
         sev=value["SevSnp"],
         iommu=value["IommuDomains"],
+        guest_statuses=value["GuestStatuses"],
     )
 
 
