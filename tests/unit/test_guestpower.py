@@ -63,8 +63,8 @@ def test_stop_reverses_start_order_and_unordered_come_last() -> None:
     guests = guests_from_configs(parse_pve_configs(CONFIGS))
     statuses = {g: "running" for g in guests}
     power = plan_guest_power(guests, statuses, set(), rebooting=True)
-    assert [g.word for g in power.start] == ["CT 102", "CT 101", "VM 100", "CT 103"]
-    assert [g.word for g in power.stop] == ["CT 103", "VM 100", "CT 101", "CT 102"]
+    assert [g.word for g in power.start] == ["CT 102", "VM 100", "CT 101", "CT 103"]
+    assert [g.word for g in power.stop] == ["CT 103", "CT 101", "VM 100", "CT 102"]
     assert parse_record(power.record) == set(statuses)
 
 
