@@ -20,8 +20,10 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, 
 from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
+from deploys.guests import guest_power, start_guests, stop_guests
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo, KernelCmdline
+from gpuhost.guestpower import GuestPower
 from gpuhost.plan import STATE_DIR, Plan
 
 RECORD = f"{STATE_DIR}/last-reboot"
@@ -62,12 +64,16 @@ def _read(host, fact) -> object | None:
 
 
 @operation(is_idempotent=False)
-def reboot_and_confirm(plan: Plan, delay: int = 10, timeout: int = 600):
+def reboot_and_confirm(
+    plan: Plan, delay: int = 10, timeout: int = 600, guests: GuestPower | None = None
+):
     """
     Reboot for the Plan's reasons, wait for the host, and confirm the new boot.
 
     + plan: the host's Plan: reasons, the command line and kernel the new boot must show
     + delay, timeout: seconds before the first reconnect attempt, and overall
+    + guests: the running guests to shut down after the reboot record is written and before
+      the reboot (:func:`deploys.guests.stop_guests`); None leaves them to the host's shutdown
 
     Unlike ``server.reboot``, which watches /proc/uptime drop (and can mistake the old boot
     for the new one when it reconnects within a second), this waits for a new boot id.
@@ -93,13 +99,13 @@ def reboot_and_confirm(plan: Plan, delay: int = 10, timeout: int = 600):
             f"fixed, remove {RECORD} and run the deploy again."
         )
     logger.info(f"{host.print_prefix}rebooting now (reasons in the plan above)")
-    # Record, then reboot detached, so the SSH channel closes before the host goes down
-    # (see pyinfra #1708).
+    # Record, stop the guests, then reboot detached, so the SSH channel closes before the host
+    # goes down (see pyinfra #1708).
     record_text = shlex.quote(render_record(now.boot_id or "", reasons))
-    yield (
-        f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {record_text} > {shlex.quote(RECORD)} "
-        "&& ( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &"
-    )
+    yield f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {record_text} > {shlex.quote(RECORD)}"
+    if guests is not None:
+        yield from stop_guests._inner(power=guests)
+    yield "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &"
 
     def wait_for_new_boot(state, host) -> bool:
         time.sleep(delay)
@@ -151,9 +157,12 @@ def pin_kernel(plan: Plan):
 @deploy("Reboot when needed")
 def reboot_if_needed(plan: Plan) -> None:
     pin_kernel(name="Keep the running kernel for the reboot", plan=plan)
+    guests = guest_power(plan)
     reboot_and_confirm(
         name="Reboot to apply boot-time changes",
         plan=plan,
         delay=int(host.data.get("gpuhost_reboot_delay", 10)),
         timeout=int(host.data.get("gpuhost_reboot_timeout", 600)),
+        guests=guests,
     )
+    start_guests(name="Bring back the guests that ran before the reboot", power=guests)

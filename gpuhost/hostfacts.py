@@ -47,6 +47,7 @@ from facts.proxmox import (
     BootTool,
     BootToolStatus,
     GuestConfig,
+    GuestStatuses,
     PveGuestConfigs,
 )
 from facts.snapshot import MISSING_TOOL, Combined
@@ -77,12 +78,13 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "SevSnp": (SevSnp, {}),
     "IommuDomains": (IommuDomains, {}),
     "BootPath": (BootPath, {}),
+    "GuestStatuses": (GuestStatuses, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
 # fact's default (no SEV flags, no IOMMU units or group types, a boot path not known), as if
 # the host had shown none; the managed files, loaded modules and boot id load as None ("not
-# captured").
-NOT_CAPTURED = frozenset({"LoadedModules", "ConfigFiles", "BootId"})
+# captured"), and so do the guest statuses.
+NOT_CAPTURED = frozenset({"LoadedModules", "ConfigFiles", "BootId", "GuestStatuses"})
 ADDED_LATER = frozenset({"SevSnp", "IommuDomains", "BootPath"}) | NOT_CAPTURED
 
 
@@ -109,6 +111,7 @@ class HostFacts:
     sev: SevState = field(default_factory=SevState)
     iommu: IommuState = field(default_factory=IommuState)
     boot_path: BootPathInfo = field(default_factory=BootPathInfo)  # known=False: not captured
+    guest_statuses: dict[tuple[str, int], str] | None = None  # None: not captured
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -181,6 +184,7 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         sev=value["SevSnp"],
         iommu=value["IommuDomains"],
         boot_path=value["BootPath"],
+        guest_statuses=value["GuestStatuses"],
     )
 
 

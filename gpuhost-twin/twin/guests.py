@@ -32,7 +32,7 @@ from typing import Any
 
 from twin import mounts, node, processes
 from twin.pve import config as pve_config
-from twin.pve import guest_state, lxc_devices
+from twin.pve import guest_state, lxc_devices, runtime, startstop
 from twin.pve.schema import PveError
 
 CGROUP_V1 = Path("/sys/fs/cgroup/devices").is_dir()
@@ -248,16 +248,22 @@ def exec_(twin: node.Twin, ctid: int, argv: list[str], stdin: str | None) -> dic
 
 
 def start_onboot(twin: node.Twin) -> None:
-    """Proxmox starts every CT with `onboot: 1` when the host boots."""
-    for ctid in pve_config.guest_ids(twin.root, "lxc"):
-        try:
-            onboot = lxc_devices.read_lxc(twin.root, ctid).onboot
-        except PveError:
-            continue
-        if onboot:
-            result = start(twin, ctid)
-            if result["rc"] != 0:
-                print(f"onboot start of CT {ctid} failed: {result['stderr']}", flush=True)
+    """pve-guests.service at boot: startall without force (twin/pve/startstop.py), so every
+    guest with `onboot: 1` starts in startup order (ascending `order`, guests without one last,
+    vmid within an order), `up` seconds apart. VMs are state only (runtime.start_qemu)."""
+
+    def start_guest(root: Path, kind: str, vmid: int) -> str | None:
+        if kind == "qemu":
+            try:
+                runtime.start_qemu(root, vmid)
+            except PveError as exc:
+                return exc.msg
+            return None
+        result = start(twin, vmid)
+        return None if result["rc"] == 0 else str(result["stderr"])
+
+    for warning in startstop.startall(twin.root, start_guest, why="boot"):
+        print(f"onboot: {warning}", flush=True)
 
 
 def stop_all(tdir: Path) -> None:

@@ -34,11 +34,8 @@ AUDIT_FACTS: dict[str, type[FactBase]] = {
     "NvidiaModuleFiles": NvidiaModuleFiles,
     "CudaProbe": CudaProbe,
 }
-# Planner facts the audit does not read yet: the trial boot is planned and shown, not applied,
-# so there is nothing of it to check. They load with their defaults; the day the audit checks a
-# trial, drop the key here and recapture with tools/device-audit.sh (the replay test says so).
-NOT_AUDITED = ("BootPath",)
-HOST_FACT_KEYS = tuple(k for k in FACTS if k not in NOT_AUDITED)
+# The audit reads every fact the deploy reads (the Plan needs them all), in the same one command.
+HOST_FACT_KEYS = tuple(FACTS)
 GUEST_FACTS: dict[str, type[FactBase]] = {
     "NvidiaDeviceNodes": NvidiaDeviceNodes,
     "NvidiaUserspace": NvidiaUserspace,
@@ -65,6 +62,9 @@ class GuestView:
     env: dict[str, str] = field(default_factory=dict)
     cuda: CudaView | None = None
     unreachable: str | None = None  # why the guest could not be read (not running...)
+
+
+# The audit checks no guest power state: leaving GuestStatuses out keeps two perl start-ups
 
 
 def _commands(

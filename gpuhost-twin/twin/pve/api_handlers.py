@@ -17,7 +17,7 @@ from . import guest_state as gs
 from . import guest_status as gst
 from . import options as opts
 from . import runtime as rt
-from . import tasks
+from . import startstop, tasks
 from .schema import ParamError, Prop, PveError, validate, verify_configid, verify_vmid
 
 Handler = Callable[[Path, dict[str, str], dict[str, str]], "Result"]
@@ -274,6 +274,35 @@ def _run_status_task(root: Path, kind: str, action: str, vmid: int) -> str | Non
     if answer.get("rc") != 0:
         return str(answer.get("stderr") or "") or f"{action} of CT {vmid} failed"
     return None
+
+
+def _power_one(action: str) -> startstop.Starter:
+    def run(root: Path, kind: str, vmid: int) -> str | None:
+        return _run_status_task(root, kind, action, vmid)
+
+    return run
+
+
+def post_startall(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
+    """POST /nodes/{node}/startall (pve-manager Nodes.pm): a `startall` task; its failures
+    inside are warnings, so the task ends `WARNINGS: n`, never an error."""
+    _node(root, path)
+    upid = tasks.new_upid(root, "startall", "")
+    warnings = startstop.startall(
+        root, _power_one("start"), force=params.get("force") == "1", vms=params.get("vms")
+    )
+    tasks.record_task(root, upid, None, warnings=len(warnings))
+    return Result(upid, warnings=warnings)
+
+
+def post_stopall(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
+    """POST /nodes/{node}/stopall: a `stopall` task, reverse startup order (startstop.py).
+    `timeout` and `force-stop` are accepted and validated; the twin's stop is immediate."""
+    _node(root, path)
+    upid = tasks.new_upid(root, "stopall", "")
+    warnings = startstop.stopall(root, _power_one("stop"), vms=params.get("vms"))
+    tasks.record_task(root, upid, None, warnings=len(warnings))
+    return Result(upid, warnings=warnings)
 
 
 def create_guest(kind: str) -> Handler:

@@ -30,10 +30,12 @@ from .api_handlers import (
     guest_index,
     list_guests,
     post_qemu_config,
+    post_startall,
     post_status,
+    post_stopall,
     put_config,
 )
-from .schema import Prop, PveError, validate, verify_configid
+from .schema import Prop, PveError, split_list, validate, verify_configid, verify_vmid
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,24 @@ _START = {"skiplock": _BOOL, "debug": _BOOL, "timeout": Prop(type="integer", min
 _STOP = {"skiplock": _BOOL, "timeout": Prop(type="integer", minimum=0), "keepActive": _BOOL,
          "overrule-shutdown": _BOOL}  # fmt: skip
 
+
+def _verify_vmid_list(value: str) -> None:
+    """PVE::JSONSchema pve-vmid-list: vmids split like PVE::Tools::split_list."""
+    for vmid in split_list(value):
+        verify_vmid(vmid)
+
+
+_VMS = Prop(format=_verify_vmid_list)
+# pve-manager Nodes.pm: startall {force, vms}; stopall {vms, force-stop (default 1),
+# timeout (default 180, 0..7200)}
+_STARTALL = {"force": _BOOL, "vms": _VMS}
+_STOPALL = {"vms": _VMS, "force-stop": _BOOL,
+            "timeout": Prop(type="integer", minimum=0, maximum=2 * 3600)}  # fmt: skip
+
 ROUTES: list[Route] = [
     Route("GET", "/version", get_version),
+    Route("POST", "/nodes/{node}/startall", post_startall, _STARTALL),
+    Route("POST", "/nodes/{node}/stopall", post_stopall, _STOPALL),
     Route("GET", "/nodes", get_nodes),
     Route("GET", "/nodes/{node}", get_node_index),
     Route("GET", "/nodes/{node}/tasks/{upid}/status", get_task_status),

@@ -22,7 +22,7 @@ def new_upid(root: Path, task_type: str, vmid: int | str, user: str = "root@pam"
     return f"UPID:{cfg.node_name(root)}:{pid:08X}:{pstart:08X}:{now:08X}:{task_type}:{vmid}:{user}:"
 
 
-def record_task(root: Path, upid: str, error: str | None) -> None:
+def record_task(root: Path, upid: str, error: str | None, warnings: int = 0) -> None:
     _, node, pid, pstart, start, ttype, tid, user, _ = upid.split(":")
     task = {
         "upid": upid,
@@ -35,11 +35,18 @@ def record_task(root: Path, upid: str, error: str | None) -> None:
         "id": tid,
         "user": user,
         "status": "stopped",
-        "exitstatus": "OK" if error is None else error.strip().splitlines()[-1],
+        "exitstatus": _exitstatus(error, warnings),
     }
     tasks = root / RUN / "tasks"
     tasks.mkdir(parents=True, exist_ok=True)
     (tasks / f"{_task_key(upid)}.json").write_text(json.dumps(task) + "\n")
+
+
+def _exitstatus(error: str | None, warnings: int) -> str:
+    """PVE::RESTEnvironment: an error's text, else `WARNINGS: n` when the worker warned, else OK."""
+    if error is not None:
+        return error.strip().splitlines()[-1]
+    return f"WARNINGS: {warnings}" if warnings else "OK"
 
 
 def task_status(root: Path, upid: str) -> dict[str, object]:

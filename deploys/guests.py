@@ -1,0 +1,110 @@
+"""Guests around a reboot: stop the running ones cleanly before, bring them back after.
+
+Through Proxmox's own node-wide calls, the ones pve-guests.service uses at shutdown and boot:
+`pvesh create /nodes/localhost/stopall --vms ...` shuts each listed guest down (timeout = its
+`startup: down=`, else ``timeout``) and hard-stops it when the timeout passes (force-stop is on
+by default), in reverse startup order, guests of one order in parallel; `startall --force 1
+--vms ...` starts exactly the listed guests, onboot or not, in startup order with their `up`
+pauses. Per-guest `pct shutdown`/`qm shutdown` then `stop` would re-implement that ordering,
+the parallelism and the fallback. Both calls only warn about a guest that fails (the task ends
+`WARNINGS: n`), so each operation then checks every guest's status itself.
+
+Which guests were running is recorded in /var/lib/gpuhost/guests-before-reboot before any is
+stopped and removed only when all are running again: a run killed in between brings them back
+on its next run.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host, logger
+from pyinfra.api import operation
+
+from deploys.context import observed
+from gpuhost.guestpower import (
+    Guest,
+    GuestPower,
+    guests_from_configs,
+    parse_record,
+    plan_guest_power,
+)
+from gpuhost.plan import STATE_DIR, Plan
+
+RECORD = f"{STATE_DIR}/guests-before-reboot"
+TOOL = {"lxc": "pct", "qemu": "qm"}
+
+
+def guest_power(plan: Plan) -> GuestPower:
+    """What to stop before the Plan's reboot (if any) and bring back after, from the host's
+    configs, its running guests and the record of an earlier run."""
+    now = observed(host)
+    assert now.managed is not None and now.guest_statuses is not None
+    return plan_guest_power(
+        guests_from_configs(now.guest_configs),
+        now.guest_statuses,
+        parse_record(now.managed.files.get(RECORD)),
+        rebooting=bool(plan.reboot_now),
+    )
+
+
+def _vms(guests: list[Guest]) -> str:
+    return ",".join(str(int(g.vmid)) for g in guests)
+
+
+def _status_is(guest: Guest, status: str) -> str:
+    return f"{TOOL[guest.kind]} status {int(guest.vmid)} | grep -qx 'status: {status}'"
+
+
+@operation(is_idempotent=False)
+def stop_guests(power: GuestPower, timeout: int = 180):
+    """
+    Shut down the running guests (reverse startup order), recording them first.
+
+    + power: from :func:`guest_power`: the guests to stop and the record to keep
+    + timeout: seconds each guest gets to shut down before it is stopped hard
+    """
+    if not power.stop:
+        host.noop("no guest is running")
+        return
+    logger.info(
+        f"{host.print_prefix}stopping {', '.join(g.word for g in power.stop)} (in this order)"
+    )
+    record, tmp = shlex.quote(RECORD), shlex.quote(f"{RECORD}.gpuhost-new")
+    yield (
+        f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {shlex.quote(power.record)} > {tmp} "
+        f"&& mv -fT {tmp} {record}"
+    )
+    yield f"pvesh create /nodes/localhost/stopall --vms {_vms(power.stop)} --timeout {int(timeout)}"
+    yield " && ".join(
+        f"{{ {_status_is(g, 'stopped')} || {{ echo '{g.word} still runs after stopall' >&2; "
+        "exit 1; }; }"
+        for g in power.stop
+    )
+
+
+@operation(is_idempotent=False)
+def start_guests(power: GuestPower, wait: int = 120):
+    """
+    Start the recorded guests in startup order, wait until each runs, remove the record.
+
+    + power: from :func:`guest_power`: the guests to bring back
+    + wait: seconds each guest may take to show as running
+    """
+    had_record = RECORD in (observed(host).managed.files if observed(host).managed else {})
+    if not power.start:
+        if had_record:
+            yield f"rm -f {shlex.quote(RECORD)}"  # the recorded guests no longer exist
+        else:
+            host.noop("no guest to bring back")
+        return
+    logger.info(f"{host.print_prefix}starting {', '.join(g.word for g in power.start)}")
+    yield f"pvesh create /nodes/localhost/startall --force 1 --vms {_vms(power.start)}"
+    # startall does not fail for a guest that did not start: wait for each one here.
+    for g in power.start:
+        yield (
+            f"i=0; until {_status_is(g, 'running')}; do i=$((i+1)); "
+            f"if [ $i -ge {int(wait)} ]; then echo '{g.word} did not start' >&2; exit 1; fi; "
+            "sleep 1; done"
+        )
+    yield f"rm -f {shlex.quote(RECORD)}"
