@@ -35,16 +35,17 @@ RECORD = f"{STATE_DIR}/guests-before-reboot"
 TOOL = {"lxc": "pct", "qemu": "qm"}
 
 
-def guest_power(plan: Plan) -> GuestPower:
-    """What to stop before the Plan's reboot (if any) and bring back after, from the host's
-    configs, its running guests and the record of an earlier run."""
+def guest_power(plan: Plan, rebooting: bool | None = None) -> GuestPower:
+    """What to stop before the Plan's reboot (if any; ``rebooting`` overrides, e.g. for a
+    trial boot) and bring back after, from the host's configs, its running guests and the
+    record of an earlier run."""
     now = observed(host)
     assert now.managed is not None and now.guest_statuses is not None
     return plan_guest_power(
         guests_from_configs(now.guest_configs),
         now.guest_statuses,
         parse_record(now.managed.files.get(RECORD)),
-        rebooting=bool(plan.reboot_now),
+        rebooting=bool(plan.reboot_now) if rebooting is None else rebooting,
     )
 
 

@@ -24,10 +24,12 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, 
 from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
+from deploys.guests import guest_power, start_guests, stop_guests
 from deploys.reboot import _read
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo
 from gpuhost.audit.gate import run_gate
+from gpuhost.guestpower import GuestPower
 from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
 from gpuhost.plan import STATE_DIR, Plan
 from gpuhost.trialstate import RECORD, Step, TrialRecord, failed_message
@@ -50,6 +52,13 @@ def _must(host, what: str, commands: tuple[str, ...]) -> None:
         ok, text = _run(host, command)
         if not ok:
             raise OperationError(f"{what}: `{command}` failed: {text.strip() or 'no output'}")
+
+
+def _bring_back(host, guests: GuestPower | None) -> None:
+    """After a failed trial, on the old kernel: the guests that ran before, as start_guests
+    would (the deploy's own start operation does not run once the host has failed)."""
+    if guests is not None and guests.start:
+        _must(host, "bringing the guests back", tuple(start_guests._inner(power=guests)))
 
 
 def preflight(plan: Plan) -> None:
@@ -110,7 +119,9 @@ def _reboot(host) -> str:
     return before
 
 
-def _gate_and_commit(host, plan: Plan, delay: int, timeout: int) -> None:
+def _gate_and_commit(
+    host, plan: Plan, delay: int, timeout: int, guests: GuestPower | None = None
+) -> None:
     """On the trial kernel: its checks and the audit gate; then pin it, or go back and fail."""
     trial = plan.trial_boot
     assert trial is not None
@@ -147,6 +158,7 @@ def _gate_and_commit(host, plan: Plan, delay: int, timeout: int) -> None:
             + "\n".join(problems)
         )
     _must(host, "tidying up after the failed trial", trial.abandon)
+    _bring_back(host, guests)
     raise OperationError(
         f"kernel {trial.kernel} booted but failed the trial checks; the host is back on "
         f"{release} (still the default). The record in {RECORD} keeps the next run from "
@@ -155,12 +167,14 @@ def _gate_and_commit(host, plan: Plan, delay: int, timeout: int) -> None:
 
 
 @operation(is_idempotent=False)
-def run_trial(plan: Plan, delay: int = 10, timeout: int = 900):
+def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPower | None = None):
     """
     Boot the new kernel once, prove it with the audit's host checks, then pin it.
 
     + plan: the host's Plan (``trial_step``, ``trial_boot``)
     + delay, timeout: seconds before the first reconnect attempt, and overall per boot
+    + guests: the running guests to shut down before the reboot (started again after it by
+      :func:`deploys.guests.start_guests`, or here when the trial fails)
     """
     trial, step = plan.trial_boot, plan.trial_step
     if step is Step.GATE:
@@ -186,6 +200,8 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900):
         f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {shlex.quote(record.render())} "
         f"> {shlex.quote(RECORD)}"
     )
+    if guests is not None:
+        yield from stop_guests._inner(power=guests)
     yield _all(trial.oneshot)
 
     def reboot_into_trial(state, host) -> bool:
@@ -196,9 +212,10 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900):
         release = _wait_for_boot(host, before, delay, timeout)
         if release != trial.kernel:
             _must(host, "tidying up after the failed trial", trial.abandon)
+            _bring_back(host, guests)
             _, journal = _run(host, JOURNAL)
             raise OperationError(failed_message(host.name, record, release, journal.strip()))
-        _gate_and_commit(host, plan, delay, timeout)
+        _gate_and_commit(host, plan, delay, timeout, guests)
         return True
 
     yield FunctionCommand(reboot_into_trial, (), {})
@@ -206,9 +223,12 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900):
 
 @deploy("Trial boot of a new kernel")
 def trial(plan: Plan) -> None:
+    guests = guest_power(plan, rebooting=plan.trial_step is Step.START)
     run_trial(
         name="Boot the new kernel once, check it, pin it",
         plan=plan,
         delay=int(host.data.get("gpuhost_reboot_delay", 10)),
         timeout=int(host.data.get("gpuhost_reboot_timeout", 900)),
+        guests=guests,
     )
+    start_guests(name="Bring back the guests that ran before the trial boot", power=guests)
