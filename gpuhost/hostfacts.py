@@ -17,6 +17,7 @@ from typing import Any
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import PyinfraError
 
+from facts.compilers import CompilerInventory, KernelCompilers
 from facts.files import BootId, ConfigFiles, ManagedFiles
 from facts.kernel import (
     CharDevices,
@@ -75,12 +76,16 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "BootId": (BootId, {}),
     "SevSnp": (SevSnp, {}),
     "IommuDomains": (IommuDomains, {}),
+    "KernelCompilers": (KernelCompilers, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
-# fact's default (no SEV flags, no IOMMU units or group types), as if the host had shown none;
+# fact's default (no SEV flags, no IOMMU units or group types, no kernel configs or compilers), as if the host had shown none;
 # the managed files, loaded modules and boot id load as None ("not captured").
 NOT_CAPTURED = frozenset({"LoadedModules", "ConfigFiles", "BootId"})
-ADDED_LATER = frozenset({"SevSnp", "IommuDomains"}) | NOT_CAPTURED
+# Facts only the deploy reads: the audit checks the built result (driver.compiler), not what
+# could build it, so its host command leaves them out.
+DEPLOY_ONLY = frozenset({"KernelCompilers"})
+ADDED_LATER = frozenset({"SevSnp", "IommuDomains", "KernelCompilers"}) | NOT_CAPTURED
 
 
 @dataclass
@@ -105,6 +110,7 @@ class HostFacts:
     boot_id: str | None = None
     sev: SevState = field(default_factory=SevState)
     iommu: IommuState = field(default_factory=IommuState)
+    compilers: CompilerInventory = field(default_factory=CompilerInventory)
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -176,6 +182,7 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         boot_id=value["BootId"],
         sev=value["SevSnp"],
         iommu=value["IommuDomains"],
+        compilers=value["KernelCompilers"],
     )
 
 

@@ -21,7 +21,7 @@ from facts.guest import LoginEnvironment
 from facts.kernel import NvidiaModuleFiles
 from facts.nvidia import FabricManager, GspFirmwareFiles, NvidiaFabricManager, NvidiaUserspace
 from facts.snapshot import MISSING_TOOL, Combined, split_combined
-from gpuhost.hostfacts import FACTS, HostFacts, combined_args, fact_tool, parse_raw
+from gpuhost.hostfacts import DEPLOY_ONLY, FACTS, HostFacts, combined_args, fact_tool, parse_raw
 
 # A command runner: command -> (exit status, stdout, stderr). testinfra's host.run, or a guest's.
 Runner = Callable[[str], tuple[int, str, str]]
@@ -62,6 +62,10 @@ class GuestView:
     unreachable: str | None = None  # why the guest could not be read (not running...)
 
 
+# The deploy's facts the audit reads (parse_raw gives the rest, all ADDED_LATER, their default).
+AUDITED = tuple(k for k in FACTS if k not in DEPLOY_ONLY)
+
+
 def _commands(
     facts: dict[str, type[FactBase]], sizes: tuple[int, ...]
 ) -> list[tuple[str, str, str | None]]:
@@ -78,7 +82,7 @@ def host_command(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:
     nvidia-modprobe), so the nodes are read before CUDA can touch them."""
     facts = [c for c in _commands(AUDIT_FACTS, sizes) if c[0] != "CudaProbe"]
     probe = [c for c in _commands(AUDIT_FACTS, sizes) if c[0] == "CudaProbe"]
-    first = Combined().command(tuple(combined_args()["commands"]) + tuple(facts))
+    first = Combined().command(tuple(combined_args(AUDITED)["commands"]) + tuple(facts))
     return f"{first}\n{Combined().command(tuple(probe))}"
 
 
@@ -110,14 +114,14 @@ def _split(stdout: str) -> dict[str, tuple[int, list[str]]]:
 def observe_host(run: Runner, sizes: tuple[int, ...] = DEFAULT_SIZES) -> HostView:
     rc, stdout, stderr = run(host_command(sizes))
     raw = _split(stdout)
-    missing = [k for k in (*FACTS, *AUDIT_FACTS) if k not in raw]
+    missing = [k for k in (*AUDITED, *AUDIT_FACTS) if k not in raw]
     if missing:
         raise UnparsedOutput(
             "audit host command", f"exit {rc}: {stderr.strip()[-300:]}", f"no output for {missing}"
         )
     value = {k: _parse(k, cls, *raw[k]) for k, cls in AUDIT_FACTS.items()}
     return HostView(
-        facts=parse_raw({k: raw[k] for k in FACTS}),
+        facts=parse_raw({k: raw[k] for k in AUDITED}),
         nodes=value["NvidiaDeviceNodes"] or {},
         firmware=value["GspFirmwareFiles"] or {},
         userspace=value["NvidiaUserspace"] or {},
