@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuhost import bootconf, modconf
+from gpuhost.driverplan import DriverModules, plan_driver_modules
 from gpuhost.gpus import model_name, needs_open_modules
 from gpuhost.hostfacts import HostFacts
 from gpuhost.iommu import plan_iommu
@@ -127,6 +128,7 @@ class Plan:
     lxc_nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)
     vm_functions: dict[int, tuple[str, ...]] = field(default_factory=dict)
     hardware: HardwareSpec | None = None  # the GPUs the host must carry
+    driver_modules: DriverModules | None = None  # None: the spec leaves them unmanaged
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -374,6 +376,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         lxc_nodes=lxc_nodes,
         vm_functions=vm_functions,
         hardware=spec.hardware,
+        driver_modules=plan_driver_modules(spec, facts),
     )
 
 
