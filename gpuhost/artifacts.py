@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MANIFEST = "manifest.json"
@@ -55,6 +55,7 @@ class Artifact:
     key: ArtifactKey
     directory: Path
     files: dict[str, str]  # file name -> sha256
+    meta: dict = field(default_factory=dict)  # what the builder recorded (vermagic, compiler)
 
     def file(self, name: str) -> Path:
         return self.directory / name
@@ -89,7 +90,7 @@ class ArtifactStore:
                     f"{path}: missing or changed since it was stored (sha256 {digest}); "
                     f"remove {directory} and build again"
                 )
-        return Artifact(key, directory, files)
+        return Artifact(key, directory, files, record.get("meta", {}))
 
     def put(self, key: ArtifactKey, files: list[Path], meta: dict | None = None) -> Artifact:
         """Store ``files`` under ``key`` (replacing what was there), atomically."""
@@ -113,4 +114,4 @@ class ArtifactStore:
         finally:
             if staging.exists():
                 shutil.rmtree(staging)
-        return Artifact(key, target, digests)
+        return Artifact(key, target, digests, meta or {})

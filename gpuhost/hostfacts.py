@@ -18,6 +18,7 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import PyinfraError
 
 from facts.boot import BootPath, BootPathInfo
+from facts.compilers import CompilerInventory, KernelCompilers
 from facts.files import BootId, ConfigFiles, ManagedFiles
 from facts.kernel import (
     CharDevices,
@@ -79,13 +80,14 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "IommuDomains": (IommuDomains, {}),
     "BootPath": (BootPath, {}),
     "GuestStatuses": (GuestStatuses, {}),
+    "KernelCompilers": (KernelCompilers, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
-# fact's default (no SEV flags, no IOMMU units or group types, a boot path not known), as if
-# the host had shown none; the managed files, loaded modules and boot id load as None ("not
-# captured"), and so do the guest statuses.
+# fact's default (no SEV flags, no IOMMU units or group types, a boot path not known, no kernel
+# configs or compilers), as if the host had shown none; the managed files, loaded modules and
+# boot id load as None ("not captured"), and so do the guest statuses.
 NOT_CAPTURED = frozenset({"LoadedModules", "ConfigFiles", "BootId", "GuestStatuses"})
-ADDED_LATER = frozenset({"SevSnp", "IommuDomains", "BootPath"}) | NOT_CAPTURED
+ADDED_LATER = frozenset({"SevSnp", "IommuDomains", "BootPath", "KernelCompilers"}) | NOT_CAPTURED
 
 
 @dataclass
@@ -112,6 +114,7 @@ class HostFacts:
     iommu: IommuState = field(default_factory=IommuState)
     boot_path: BootPathInfo = field(default_factory=BootPathInfo)  # known=False: not captured
     guest_statuses: dict[tuple[str, int], str] | None = None  # None: not captured
+    compilers: CompilerInventory = field(default_factory=CompilerInventory)
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -185,6 +188,7 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         iommu=value["IommuDomains"],
         boot_path=value["BootPath"],
         guest_statuses=value["GuestStatuses"],
+        compilers=value["KernelCompilers"],
     )
 
 

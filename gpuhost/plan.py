@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuhost import bootconf, modconf
+from gpuhost.driverplan import DriverModules, plan_driver_modules
 from gpuhost.gpus import model_name, needs_open_modules
 from gpuhost.hostfacts import HostFacts
 from gpuhost.iommu import plan_iommu
@@ -136,6 +137,7 @@ class Plan:
     trial_boot: TrialBoot | None = None
     trial_step: Step = Step.CONVERGED  # which step of the trial is due, from the host alone
     target_kernel: str = ""  # spec.kernel.version
+    driver_modules: DriverModules | None = None  # None: the spec leaves them unmanaged
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -404,6 +406,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         trial_boot=trial,
         trial_step=step,
         target_kernel=spec.kernel.version,
+        driver_modules=plan_driver_modules(spec, facts),
     )
 
 

@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 from gpuhost.redact import show
 from gpuhost.spec_artifacts import ArtifactsSpec
 from gpuhost.spec_checks import NO_VALUE, cross_field_problems
+from gpuhost.spec_driver import DriverSource
 from gpuhost.spec_trial import TrialSpec
 from gpuhost.values import (
     MAX_GPU_INDEX,
@@ -156,6 +157,15 @@ class DriverSpec(Model):
         True,
         description="Build the open kernel modules. Required for Blackwell and newer GPUs.",
     )
+    source: DriverSource | None = Field(
+        None, description="Build and install the kernel modules from this tree; None: not managed."
+    )
+
+    @model_validator(mode="after")
+    def _open_source(self) -> DriverSpec:
+        if self.source is not None and not self.open:
+            raise ValueError("driver.source builds the open modules; set driver.open: true")
+        return self
 
     @property
     def branch(self) -> int:

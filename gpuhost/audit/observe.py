@@ -64,9 +64,6 @@ class GuestView:
     unreachable: str | None = None  # why the guest could not be read (not running...)
 
 
-# The audit checks no guest power state: leaving GuestStatuses out keeps two perl start-ups
-
-
 def _commands(
     facts: dict[str, type[FactBase]], sizes: tuple[int, ...]
 ) -> list[tuple[str, str, str | None]]:
