@@ -35,6 +35,7 @@ PACKAGES = (
     "python3",
     "ca-certificates",
     "openssh-server",
+    "grub-common",  # real grub-editenv / grub-reboot on the twin's grubenv files
 )
 CACHE_ROOT = Path(os.environ.get("GPUHOST_TWIN_CACHE", "/var/cache/gpuhost-twin"))
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import efivars, grubenv
 from .catalog import (
     BRIDGE_DRIVER,
     DEFAULT_BLOCK,
@@ -73,8 +74,10 @@ __all__ = [
     "VENDORS",
     "Hw",
     "apply_sysfs_writes",
+    "efivars",
     "gcc_release",
     "gpu_uuid",
+    "grubenv",
     "ko_info",
     "layout_pci",
     "locked",
