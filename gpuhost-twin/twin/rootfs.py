@@ -35,7 +35,7 @@ PACKAGES = (
     "python3",
     "ca-certificates",
     "openssh-server",
-    "grub-common",  # real grub-editenv / grub-reboot on the twin's grubenv files
+    "grub2-common",  # real grub-editenv (grub-common), grub-reboot, grub-set-default on grubenv
 )
 CACHE_ROOT = Path(os.environ.get("GPUHOST_TWIN_CACHE", "/var/cache/gpuhost-twin"))
 
