@@ -66,6 +66,10 @@ def simulate_boot(
     hw.state["boot_done"] = True
     hw.write_views()
     hw.save()
+    # proxmox-boot-cleanup.service: only a boot that reaches userspace drops a --next-boot pin
+    from twin import pve
+
+    pve.on_boot(root)
     if late_hook:
         late_hook(root)
 

@@ -36,6 +36,7 @@ TOOLS = (
     "depmod",
     "uname",
     "dmesg",
+    "bootctl",
 )
 # Packaged paths (dpkg's view, before usrmerge) that get diverted when the package is installed.
 PACKAGED = {
@@ -48,6 +49,7 @@ PACKAGED = {
     "lspci": ["/usr/bin/lspci"],
     "nvidia-smi": ["/usr/bin/nvidia-smi"],
     "nvidia-modprobe": ["/usr/bin/nvidia-modprobe"],
+    "bootctl": ["/usr/bin/bootctl"],  # package systemd-boot
 }
 WRAPPER = """#!/usr/bin/python3
 # gpuhost twin: simulated hardware tool; real one (if any) is {real}
@@ -201,8 +203,8 @@ def _boot_config(root: Path, profile: Profile) -> None:
         "loader": b.loader,
         "cmdline": " ".join(options.split()),
         "kernel_default": None,
-        "kernel_next": None,
         "kernels": kernels,
+        "grub_on_esp": list(b.esp_uuids) if b.grub_on_esp else [],
         "written_by": "gpuhost twin install",
         "written_at": 0.0,
     }

@@ -1,8 +1,8 @@
-"""What the firmware and bootloader boot: the kernel and its command line (stdlib plus twin).
+"""What the firmware and boot loader boot: the kernel and its command line (stdlib plus twin).
 
 Boot configuration snapshot: /var/lib/gpuhost-twin/bootcfg.json
 ----------------------------------------------------------------
-A real bootloader boots what the last `proxmox-boot-tool refresh` / `update-grub` wrote, not what
+A real boot loader boots what the last `proxmox-boot-tool refresh` / `update-grub` wrote, not what
 /etc says now. The Proxmox tool shims record that snapshot whenever they run; its format:
 
     {
@@ -10,38 +10,54 @@ A real bootloader boots what the last `proxmox-boot-tool refresh` / `update-grub
       "cmdline": "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on",
                  # the options of the boot entry: /etc/kernel/cmdline (systemd-boot), or for grub
                  # "root=<dev> ro $GRUB_CMDLINE_LINUX $GRUB_CMDLINE_LINUX_DEFAULT"
-      "kernel_default": "6.8.12-9-pve" | null,   # pinned/default entry; null = newest of "kernels"
-      "kernel_next": "6.14.8-2-bpo12-pve" | null, # one-shot entry (kernel pin --next-boot)
+      "kernel_default": "6.8.12-9-pve" | null,   # the loader's default: loader.conf `default`
+                 # (next-boot pin, else pin, else proxmox-* = newest) or GRUB_DEFAULT; null = newest
       "kernels": ["6.8.12-9-pve", "6.14.8-2-bpo12-pve"],  # kernels with boot entries
       "entries": {"6.8.12-9-pve": "root=..."},   # optional: options per kernel entry
       "initrd": {"6.8.12-9-pve": {"files": {...}}},  # optional: initramfs synced to the ESP
+      "grub_devid": "…",                          # optional: <devid> of GRUB's menu entry ids
+      "grub_on_esp": ["9B1C-4F2A"],               # optional: GRUB lives on these ESPs
       "written_by": "proxmox-boot-tool refresh", "written_at": 1764439200.0
     }
 
-Boot consumes "kernel_next" (rewrites the file with null) and deletes /etc/kernel/next-boot-pin,
-like the firmware's one-shot entry plus proxmox-boot-cleanup.service. Without the snapshot the
-config files are read directly: /etc/kernel/{next-boot-pin,proxmox-boot-pin,cmdline} for
-systemd-boot; /etc/default/grub + /etc/default/grub.d/*.cfg (GRUB_DEFAULT from
-proxmox-kernel-pin.cfg) for GRUB; else the newest /boot/vmlinuz-*.
+Without the snapshot the config files are read directly: /etc/kernel/{next-boot-pin,
+proxmox-boot-pin,cmdline} for systemd-boot; /etc/default/grub + /etc/default/grub.d/*.cfg
+(GRUB_DEFAULT from proxmox-kernel-pin.cfg) for GRUB; else the newest /boot/vmlinuz-*.
 
-A kernel in the profile's failing_kernels "hangs": the twin power-cycles into the default entry
-(recorded in hw.json "boot_attempts"); if that hangs too the host is bricked (BrickedError).
+One-shots (trial-boot.md §1.3, §2.1, §2.3), consumed before the kernel starts:
+- systemd-boot: EFI variable LoaderEntryOneShot (deleted on read), then LoaderEntryDefault, then
+  the snapshot's default, then the first (newest) entry. IDs are glob-matched against
+  `proxmox-<kver>.conf`; one that matches nothing falls through. LoaderEntrySelected = the booted ID.
+- GRUB: next_entry of the grubenv GRUB loads (the first ESP's on GRUB-on-ESP hosts, else
+  /boot/grub/grubenv) is cleared by save_env, except on /boot on LVM (profile boot.boot_on_lvm),
+  where the write fails and the entry sticks. An unknown id boots entry 0, the newest kernel.
+proxmox-boot-tool's --next-boot is no one-shot: it is the loader default until
+proxmox-boot-cleanup.service runs in a boot that reaches userspace (twin.pve.on_boot).
+
+A kernel in the profile's failing_kernels panics at boot: with panic=N (N>0) on its command line
+it reboots into whatever the loader picks next (one-shots already consumed); without it, it
+hangs. Both are recorded in hw.json "boot_attempts"; a hang or a reboot loop raises BrickedError.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from pathlib import Path
 
 from twin import hwsim
+from twin.hwsim import efivars, grubenv
 from twin.profile import Profile
 
 BOOTCFG = "var/lib/gpuhost-twin/bootcfg.json"
+ESP_DIR = "var/lib/gpuhost-twin/esp"  # what each ESP's vfat holds that the twin keeps as files
+LOADER_INFO = "systemd-boot 252.39-1~deb12u2"
+MAX_BOOTS = 5  # a panic loop this long counts as bricked (a real one never ends)
 
 
 class BrickedError(RuntimeError):
-    """Every kernel the bootloader would try hangs: the real host would not come back."""
+    """The host would not come back by itself: a hang, or a kernel panic reboot loop."""
 
 
 def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]:
@@ -49,21 +65,112 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
     if not installed:
         raise BrickedError("no kernel image in /boot: the bootloader has nothing to boot")
     cfg = _bootcfg(hw, profile, installed)
-    entries = [k for k in cfg["kernels"] if k in installed] or installed
-    default = cfg["kernel_default"] if cfg["kernel_default"] in entries else entries[-1]
-    first = cfg["kernel_next"] if cfg["kernel_next"] in entries else default
-    _consume_next_boot(hw)
-    attempts = []
-    for kernel in dict.fromkeys([first, default]):
-        if kernel in profile.failing_kernels:
-            attempts.append({"kernel": kernel, "result": "hung at boot; power-cycled"})
-            continue
-        attempts.append({"kernel": kernel, "result": "booted"})
+    if profile.boot.firmware == "uefi":
+        hw.p(efivars.EFIVARS).mkdir(parents=True, exist_ok=True)
+    attempts: list[dict] = []
+    for _ in range(MAX_BOOTS):
+        kernel = _select(hw, profile, cfg, installed)
         options = cfg["entries"].get(kernel) or cfg["cmdline"]
-        return kernel, _full_cmdline(profile, kernel, options), attempts
+        cmdline = _full_cmdline(profile, cfg, kernel, options)
+        if kernel not in profile.failing_kernels:
+            attempts.append({"kernel": kernel, "result": "booted"})
+            return kernel, cmdline, attempts
+        timeout = panic_timeout(cmdline)
+        if timeout <= 0:
+            attempts.append({"kernel": kernel, "result": "panicked; hung (no panic=N)"})
+            _record(hw, attempts)
+            raise BrickedError(f"kernel {kernel} panics and hangs without panic=N: host bricked")
+        attempts.append({"kernel": kernel, "result": f"panicked; rebooted (panic={timeout})"})
+    _record(hw, attempts)
     raise BrickedError(
-        f"kernel {first} hangs at boot and the default entry {default} does too: host bricked"
+        f"reboot loop: the loader keeps booting {attempts[-1]['kernel']}, which panics: host bricked"
     )
+
+
+def _record(hw: hwsim.Hw, attempts: list[dict]) -> None:
+    hw.state["boot_attempts"] = attempts
+    hw.save()
+
+
+def panic_timeout(cmdline: str) -> int:
+    """The kernel's panic= (the last one wins); 0 = wait forever."""
+    value = 0
+    for word in cmdline.split():
+        if word.startswith("panic="):
+            try:
+                value = int(word.removeprefix("panic="))
+            except ValueError:
+                value = 0
+    return value
+
+
+def _select(hw: hwsim.Hw, profile: Profile, cfg: dict, installed: list[str]) -> str:
+    entries = [k for k in cfg["kernels"] if k in installed] or installed
+    newest = sorted(entries, key=hwsim.version_key)[-1]
+    default = cfg["kernel_default"] if cfg["kernel_default"] in entries else newest
+    if cfg["loader"] == "systemd-boot":
+        return _systemd_boot(hw.root, entries, default)
+    return _grub(hw.root, profile, cfg, entries, default, newest)
+
+
+def _systemd_boot(root: Path, entries: list[str], default: str) -> str:
+    """boot.c: the one-shot is deleted as it is read, before any entry starts."""
+    efivars.firmware_set(root, "LoaderInfo", LOADER_INFO)
+    efivars.firmware_set(root, "LoaderFirmwareType", "UEFI 2.70")
+    efivars.firmware_set(root, "LoaderFirmwareInfo", "American Megatrends 5.27")
+    oneshot = efivars.read_string(root, "LoaderEntryOneShot")
+    efivars.firmware_set(root, "LoaderEntryOneShot", None)
+    ids = sorted(entries, key=hwsim.version_key, reverse=True)  # descending version order
+    chosen = default
+    for pattern in (oneshot, efivars.read_string(root, "LoaderEntryDefault")):
+        match = next(
+            (k for k in ids if pattern and fnmatch.fnmatchcase(entry_id(k), pattern)), None
+        )
+        if match:
+            chosen = match
+            break
+    efivars.firmware_set(root, "LoaderEntrySelected", entry_id(chosen))
+    return chosen
+
+
+def entry_id(kernel: str) -> str:
+    return f"proxmox-{kernel}.conf".lower()
+
+
+def grubenv_path(root: Path, cfg: dict) -> tuple[Path, bool]:
+    """The grubenv GRUB loads at boot and whether its save_env can write it."""
+    esps = cfg.get("grub_on_esp") or []
+    if esps:  # the firmware starts the first ESP's GRUB; vfat on a plain partition is writable
+        return Path(root) / ESP_DIR / esps[0] / "grub/grubenv", True
+    return Path(root) / "boot/grub/grubenv", False
+
+
+def _grub(
+    root: Path, profile: Profile, cfg: dict, entries: list[str], default: str, newest: str
+) -> str:
+    if efivars.uefi(root):  # GRUB sets no Boot Loader Interface variables (volatile ones go)
+        for name in ("LoaderInfo", "LoaderEntrySelected", "LoaderFirmwareType"):
+            efivars.firmware_set(root, name, None)
+    path, writable = grubenv_path(root, cfg)
+    if not cfg.get("grub_on_esp"):
+        writable = not profile.boot.boot_on_lvm
+    env = grubenv.read(path)
+    target = env.get("next_entry")
+    if not target:
+        return default
+    if writable:  # 00_header: set next_entry= ; save_env next_entry
+        env["next_entry"] = ""
+        grubenv.write(path, env)
+    return resolve_grub_id(target, entries, cfg.get("grub_devid"), newest)
+
+
+def resolve_grub_id(target: str, entries: list[str], devid: str | None, newest: str) -> str:
+    """A menu path of ids (10_linux); anything unknown is entry 0, the newest kernel."""
+    m = re.fullmatch(r"gnulinux-advanced-(.+)>gnulinux-(.+)-advanced-(.+)", target)
+    same_dev = m is not None and m.group(1) == m.group(3) and devid in (None, m.group(1))
+    if m and same_dev and m.group(2) in entries:
+        return m.group(2)
+    return newest
 
 
 def _bootcfg(hw: hwsim.Hw, profile: Profile, installed: list[str]) -> dict:
@@ -71,14 +178,18 @@ def _bootcfg(hw: hwsim.Hw, profile: Profile, installed: list[str]) -> dict:
     if path.exists():
         cfg = json.loads(path.read_text())
         return {
+            "loader": cfg.get("loader") or profile.boot.loader,
             "cmdline": cfg.get("cmdline", ""),
             "kernel_default": cfg.get("kernel_default"),
-            "kernel_next": cfg.get("kernel_next"),
             "kernels": cfg.get("kernels") or installed,
             "entries": cfg.get("entries") or {},  # options per kernel, when the writer gives them
+            "grub_devid": cfg.get("grub_devid"),
+            "grub_on_esp": cfg.get("grub_on_esp") or [],
         }
-    next_pin = _first_line(hw.p("etc/kernel/next-boot-pin"))
-    pin = _first_line(hw.p("etc/kernel/proxmox-boot-pin"))
+    # --next-boot's pin wins in loader.conf, like a permanent pin
+    pin = _first_line(hw.p("etc/kernel/next-boot-pin")) or _first_line(
+        hw.p("etc/kernel/proxmox-boot-pin")
+    )
     if profile.boot.loader == "systemd-boot":
         cmdline = _first_line(hw.p("etc/kernel/cmdline")) or ""
     else:
@@ -94,28 +205,22 @@ def _bootcfg(hw: hwsim.Hw, profile: Profile, installed: list[str]) -> dict:
             ]
         )
     return {
+        "loader": profile.boot.loader,
         "cmdline": cmdline,
         "kernel_default": pin,
-        "kernel_next": next_pin,
         "kernels": installed,
         "entries": {},
+        "grub_devid": None,
+        "grub_on_esp": list(profile.boot.esp_uuids) if profile.boot.grub_on_esp else [],
     }
 
 
-def _consume_next_boot(hw: hwsim.Hw) -> None:
-    hw.p("etc/kernel/next-boot-pin").unlink(missing_ok=True)
-    path = hw.p(BOOTCFG)
-    if path.exists():
-        cfg = json.loads(path.read_text())
-        if cfg.get("kernel_next"):
-            cfg["kernel_next"] = None
-            hw.write(BOOTCFG, json.dumps(cfg, indent=1, sort_keys=True) + "\n")
-
-
-def _full_cmdline(profile: Profile, kernel: str, options: str) -> str:
+def _full_cmdline(profile: Profile, cfg: dict, kernel: str, options: str) -> str:
     """What the loader hands the kernel: systemd-boot adds initrd=, GRUB adds BOOT_IMAGE=."""
-    if profile.boot.loader == "systemd-boot":
+    if cfg["loader"] == "systemd-boot":
         head = f"initrd=\\EFI\\proxmox\\{kernel}\\initrd.img-{kernel}"
+    elif cfg.get("grub_on_esp"):
+        head = f"BOOT_IMAGE=/vmlinuz-{kernel}"  # the ESP is GRUB's /boot
     else:
         head = f"BOOT_IMAGE=/boot/vmlinuz-{kernel}"
     return " ".join([head, *options.split()])

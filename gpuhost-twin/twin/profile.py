@@ -60,7 +60,13 @@ class Boot(_Model):
     # systemd-boot: first line of /etc/kernel/cmdline; grub: the whole /etc/default/grub.
     kernel_cmdline: str | None = None
     default_grub: str | None = None
-    esp_uuids: list[str] = ["9B1C-4F2A"]  # /etc/kernel/proxmox-boot-uuids (systemd-boot only)
+    esp_uuids: list[str] = ["9B1C-4F2A"]  # /etc/kernel/proxmox-boot-uuids (ESP hosts only)
+    # GRUB installed on the ESPs by `proxmox-boot-tool init <part> grub` (Secure Boot or BIOS on
+    # ZFS): each ESP has its own grub/grubenv, which GRUB can write (one-shot next_entry works).
+    grub_on_esp: bool = False
+    # Plain GRUB only: /boot on the LVM root (PVE ext4/xfs installs). GRUB's save_env cannot
+    # write there ("diskfilter writes are not supported"), so next_entry is never cleared.
+    boot_on_lvm: bool = True
 
     @model_validator(mode="after")
     def _consistent(self) -> Boot:
@@ -75,6 +81,8 @@ class Boot(_Model):
                     f"boot.kernel_cmdline={self.kernel_cmdline!r} must hold root= for systemd-boot"
                     " (proxmox-boot-tool refuses it); e.g. 'root=ZFS=rpool/ROOT/pve-1 boot=zfs'"
                 )
+        if self.grub_on_esp and (self.loader != "grub" or not self.esp_uuids):
+            raise ValueError("boot.grub_on_esp needs boot.loader='grub' and boot.esp_uuids")
         if self.loader == "grub" and not self.default_grub:
             raise ValueError(
                 "boot.default_grub is empty; a GRUB host needs the initial /etc/default/grub text"
@@ -193,6 +201,9 @@ class Quirks(_Model):
     sev_snp: bool = False
     # Intel: the kernel's CONFIG_INTEL_IOMMU_DEFAULT_ON (IOMMU on without intel_iommu=on).
     intel_iommu_default_on: bool = False
+    # The firmware refuses EFI variable writes from the OS (a Dell BIOS setting): writes seem to
+    # succeed but nothing sticks.
+    efivars_readonly: bool = False
 
 
 class Nvidia(_Model):
@@ -221,7 +232,7 @@ class Profile(_Model):
     gpus: list[Gpu]
     topology: Topology
     kernels: list[Kernel] = Field(min_length=1)
-    failing_kernels: list[str] = []  # versions that hang at boot (a --next-boot trial falls back)
+    failing_kernels: list[str] = []  # versions that panic at boot (panic=N reboots, else it hangs)
     quirks: Quirks = Quirks()
     nvidia: Nvidia = Nvidia()
     # /proc/devices lines that exist without the NVIDIA driver ("<major> <name>").

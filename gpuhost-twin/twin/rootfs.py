@@ -35,6 +35,7 @@ PACKAGES = (
     "python3",
     "ca-certificates",
     "openssh-server",
+    "grub2-common",  # real grub-editenv (grub-common), grub-reboot, grub-set-default on grubenv
 )
 CACHE_ROOT = Path(os.environ.get("GPUHOST_TWIN_CACHE", "/var/cache/gpuhost-twin"))
 

@@ -74,19 +74,12 @@ def test_grub_cmdline_from_default_grub_and_grub_d(tmp_path: Path) -> None:
 
 
 # -- IOMMU groups -----------------------------------------------------------------------------------
-def test_newest_kernel_boots_unless_pinned_and_next_boot_is_one_shot(tmp_path: Path) -> None:
+def test_newest_kernel_boots_unless_pinned(tmp_path: Path) -> None:
+    # one-shots and --next-boot: test_trial_boot.py
     root = ht.make_root(tmp_path, "kpro6")
     ht.boot_root(root, "kpro6")
     assert state(root)["kernel"] == NEW
     refresh(root, kernel_default=KVER)
-    ht.boot_root(root, "kpro6")
-    assert state(root)["kernel"] == KVER
-    refresh(root, kernel_next=NEW)
-    write(root, "etc/kernel/next-boot-pin", NEW + "\n")
-    ht.boot_root(root, "kpro6")
-    assert state(root)["kernel"] == NEW
-    assert not (root / "etc/kernel/next-boot-pin").exists()
-    assert json.loads(read(root, boot.BOOTCFG))["kernel_next"] is None
     ht.boot_root(root, "kpro6")
     assert state(root)["kernel"] == KVER
     assert read(root, "proc/version").startswith(
@@ -113,27 +106,6 @@ def test_pins_from_files_without_snapshot(tmp_path: Path) -> None:
     )
     ht.boot_root(root2, "lumped")
     assert state(root2)["kernel"] == KVER
-
-
-def test_failing_next_boot_kernel_falls_back(tmp_path: Path) -> None:
-    from twin.hardware import add_kernel
-
-    root = ht.make_root(tmp_path, "kpro6")
-    bad = "6.14.11-9-pve"  # kpro6 lists it in failing_kernels
-    add_kernel(
-        root, Kernel(version=bad, gcc="gcc (Debian 12.2.0-14+deb12u1) 12.2.0"), headers=False
-    )
-    refresh(root, kernel_default=KVER, kernel_next=bad, kernels=[KVER, NEW, bad])
-    ht.boot_root(root, "kpro6")
-    s = state(root)
-    assert s["kernel"] == KVER
-    assert s["boot_attempts"] == [
-        {"kernel": bad, "result": "hung at boot; power-cycled"},
-        {"kernel": KVER, "result": "booted"},
-    ]
-    refresh(root, kernel_default=bad)
-    with pytest.raises(boot.BrickedError, match="bricked"):
-        ht.boot_root(root, "kpro6")
 
 
 def test_kernel_added_later_takes_its_compiler_from_its_record(tmp_path: Path) -> None:

@@ -26,3 +26,26 @@ def test_every_boot_is_simulated(twin):
     assert rc == 0
     assert after.split()[0] != before.split()[0]
     assert not (twin.twin.dir / "boot-error").exists(), (twin.twin.dir / "boot-error").read_text()
+
+
+def test_bootctl_oneshot_over_ssh_is_consumed_by_the_next_boot(twin):
+    # the recipe of trial-boot.md §1.4, as a deploy would run it on the twin
+    g = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+    old = twin.run("uname -r")[1].strip()
+    rc, out, err = twin.run(
+        f"proxmox-boot-tool kernel pin {old} && proxmox-boot-tool refresh >/dev/null 2>&1"
+        " && ls /boot/vmlinuz-* | sed 's,.*/vmlinuz-,,'"
+    )
+    assert rc == 0, err
+    new = next(k for k in out.split() if k.startswith("6.") and k != old)
+    assert twin.run(f"bootctl set-oneshot proxmox-{new}.conf") == (0, "", "")
+    read_back = (
+        f"tail -c +5 /sys/firmware/efi/efivars/LoaderEntryOneShot-{g}"
+        " | iconv -f UTF-16LE -t UTF-8 | tr -d '\\0'"
+    )
+    assert twin.run(read_back)[1] == f"proxmox-{new}.conf"
+    twin.reboot()
+    assert twin.run("uname -r")[1].strip() == new
+    assert twin.run(f"test ! -e /sys/firmware/efi/efivars/LoaderEntryOneShot-{g}")[0] == 0
+    twin.reboot()
+    assert twin.run("uname -r")[1].strip() == old

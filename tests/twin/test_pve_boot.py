@@ -103,30 +103,25 @@ def test_snapshot_changes_only_on_refresh(esp: Path) -> None:
         f"\tCopying kernel and creating boot-entry for {OLD}\n"
     )
     cfg = bootcfg(esp)
-    assert cfg["kernel_default"] == OLD and cfg["kernel_next"] is None
+    assert cfg["kernel_default"] == OLD and cfg["next_boot_pin"] is None
     assert cfg["cmdline"] == "root=ZFS=rpool/ROOT/pve-1 boot=zfs amd_iommu=on"
     assert cfg["written_by"] == "proxmox-boot-tool refresh" and cfg["loader"] == "systemd-boot"
 
 
-def test_next_boot_pin_snapshot_and_cleanup(esp: Path) -> None:
+def test_next_boot_pin_is_the_loader_default_until_cleanup(esp: Path) -> None:
     run(esp, TOOL, "kernel", "pin", OLD)
     run(esp, TOOL, "kernel", "pin", NEW, "--next-boot")
     run(esp, TOOL, "refresh")
-    cfg = bootcfg(esp)
-    assert (cfg["kernel_default"], cfg["kernel_next"], cfg["loader_default"]) == (OLD, NEW, NEW)
+    cfg = bootcfg(esp)  # loader.conf `default proxmox-NEW.conf`: no one-shot (trial-boot.md §5)
+    assert (cfg["kernel_default"], cfg["kernel_pin"], cfg["next_boot_pin"]) == (NEW, OLD, NEW)
+    assert json.loads((esp / bl.ESP_STATE).read_text())["9B1C-4F2A"]["default"] == (
+        f"proxmox-{NEW}.conf"
+    )
     out = pve.on_boot(esp)  # proxmox-boot-cleanup.service
     assert out.stdout[0] == "Removed /etc/kernel/next-boot-pin."
     assert not (esp / "etc/kernel/next-boot-pin").exists()
     cfg = bootcfg(esp)
-    assert (cfg["kernel_default"], cfg["kernel_next"], cfg["loader_default"]) == (OLD, None, OLD)
-
-
-def test_strict_next_boot_records_the_real_loader_default(esp: Path) -> None:
-    info = esp / "var/lib/gpuhost-twin/pve.json"
-    info.write_text(json.dumps({**json.loads(info.read_text()), "strict_next_boot": True}))
-    run(esp, TOOL, "kernel", "pin", OLD, "--next-boot")
-    run(esp, TOOL, "refresh")
-    assert (bootcfg(esp)["kernel_default"], bootcfg(esp)["kernel_next"]) == (OLD, None)
+    assert (cfg["kernel_default"], cfg["next_boot_pin"]) == (OLD, None)
 
 
 def test_unpin(esp: Path) -> None:
@@ -208,11 +203,10 @@ def test_grub_pin_runs_update_grub(grub: Path) -> None:
 
 def test_grub_next_boot_pin(grub: Path) -> None:
     run(grub, TOOL, "kernel", "pin", OLD, "--next-boot")
-    cfg = bootcfg(grub)
-    assert (cfg["loader_default"], cfg["kernel_default"], cfg["kernel_next"]) == (OLD, NEW, OLD)
+    assert bootcfg(grub)["kernel_default"] == OLD  # GRUB_DEFAULT itself: sticky
     pve.on_boot(grub)
     assert not (grub / bl.GRUB_PIN_SNIPPET).exists()  # the cleanup resets GRUB_DEFAULT
-    assert (bootcfg(grub)["loader_default"], bootcfg(grub)["kernel_next"]) == (NEW, None)
+    assert (bootcfg(grub)["kernel_default"], bootcfg(grub)["next_boot_pin"]) == (NEW, None)
 
 
 # --- update-initramfs ---

@@ -12,6 +12,7 @@ Files it owns under the root:
     /proc/sys/kernel/random/boot_id
     /sys/{bus/pci,devices/pci*,kernel/iommu_groups,module,devices/system/node}
     /dev/nvidia*, /dev/nvidia-caps/*   real character device nodes, made only by nvidia-modprobe
+    /sys/firmware/efi/efivars/*        EFI variables in efivarfs format (UEFI profiles; efivars)
 
 Module loading rules (the twin's kernel): an out-of-tree module (nvidia*) loads only from a real
 .ko under /lib/modules/<booted>/ (updates/ first, like depmod's default search order) whose
@@ -20,13 +21,15 @@ kernel (Debian revisions are ignored: 12.2.0-14 and 12.2.0-14+deb12u1 are one to
 also needs /lib/firmware/nvidia/<version>/gsp_*.bin. In-tree modules come from IN_TREE.
 
 Modules: machine (state, kernels, lock), modules (modprobe's kernel side), pci (sysfs PCI tree,
-binding), views (/proc, /sys, /dev as the kernel shows them), kofile (.ko files), catalog (tables).
+binding), views (/proc, /sys, /dev as the kernel shows them), kofile (.ko files), catalog (tables),
+efivars (EFI variables, NVRAM), grubenv (GRUB's environment block).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from . import efivars, grubenv
 from .catalog import (
     BRIDGE_DRIVER,
     DEFAULT_BLOCK,
@@ -73,8 +76,10 @@ __all__ = [
     "VENDORS",
     "Hw",
     "apply_sysfs_writes",
+    "efivars",
     "gcc_release",
     "gpu_uuid",
+    "grubenv",
     "ko_info",
     "layout_pci",
     "locked",

@@ -23,7 +23,7 @@ from .boot_functions import Out, installed_kernels
 from .bootloader import KERNEL_HOOKS, on_boot
 from .config import TWIN_STATE
 from .config_update import apply_pending
-from .esp_sync import refresh
+from .esp_sync import ensure_grubenv, refresh
 from .grub import update_grub
 from .guest_state import is_running, set_running
 from .initramfs import initramfs_record
@@ -99,7 +99,8 @@ def install(root: Path, profile: Any = None, node: str | None = None) -> None:
     state = root / TWIN_STATE
     state.mkdir(parents=True, exist_ok=True)
     info = {"node": node, "loader": loader, "firmware": firmware,
-            "root_device": "/dev/mapper/pve-root"}  # fmt: skip
+            "root_device": "/dev/mapper/pve-root",
+            "grub_on_esp": bool(_get(boot, "grub_on_esp"))}  # fmt: skip
     (state / "pve.json").write_text(json.dumps(info, indent=1) + "\n")
     _layout_pve(root, node)
     _install_code(root)
@@ -160,11 +161,13 @@ def _factory_boot(root: Path, boot: Any, loader: str, firmware: str) -> None:
     and one refresh/update-grub so the first boot has a bootloader configuration."""
     if firmware == "uefi":
         (root / "sys/firmware/efi").mkdir(parents=True, exist_ok=True)
-    if loader == "systemd-boot":
+    on_esp = loader == "systemd-boot" or bool(_get(boot, "grub_on_esp"))
+    if on_esp:
         uuids = root / "etc/kernel/proxmox-boot-uuids"
         uuids.parent.mkdir(parents=True, exist_ok=True)
         if not uuids.exists():
             uuids.write_text("".join(f"{u}\n" for u in _get(boot, "esp_uuids") or ["9B1C-4F2A"]))
+    if loader == "systemd-boot":
         cmdline = root / "etc/kernel/cmdline"
         if not cmdline.exists():
             cmdline.write_text(
@@ -181,10 +184,12 @@ def _factory_boot(root: Path, boot: Any, loader: str, firmware: str) -> None:
         if not initrd.exists():
             initrd.write_text(json.dumps(initramfs_record(root, version), indent=1) + "\n")
     out = Out()
-    if loader == "systemd-boot":
+    if loader == "grub":
+        update_grub(root, out)  # /boot/grub/grub.cfg, where proxmox-boot-tool reads the devid
+        if not on_esp:
+            ensure_grubenv(root / "boot/grub/grubenv")  # grub-install makes an empty one
+    if on_esp:
         refresh(root, out)
-    else:
-        update_grub(root, out)
 
 
 PVE_DEFAULT_GRUB = """\

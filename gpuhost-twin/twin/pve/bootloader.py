@@ -8,22 +8,22 @@ Follows proxmox-kernel-helper's bin/proxmox-boot-tool, proxmox-boot/functions, z
 and proxmox-boot-sync (formats.md §5), GRUB's grub-mkconfig (sourcing /etc/default/grub and
 /etc/default/grub.d/*.cfg) and initramfs-tools' update-initramfs.
 
-The bootloader's view of the world changes only when Proxmox would write it: `refresh` (ESP hosts,
-also run by update-initramfs through proxmox-boot-sync) and `update-grub` (GRUB hosts, also run by
-`kernel pin/unpin` there). Each writes <root>/var/lib/gpuhost-twin/bootcfg.json in the format
-twin/kernel_choice.py defines (see its docstring): "loader", "cmdline" (entry options, without the
-initrd=/BOOT_IMAGE= the loader adds), "kernel_default", "kernel_next", "kernels" (oldest first,
-newest last), "written_by", "written_at"; plus extras the boot may use: "firmware", "loader_default",
-"kernel_pin", "entries" (options per kernel), "initrd" (the initramfs records synced to the ESP;
-null for GRUB, which reads /boot at boot).
+The boot loader's view of the world changes only when Proxmox would write it: `refresh` (ESP
+hosts, also run by update-initramfs through proxmox-boot-sync; on GRUB-on-ESP hosts it renders
+GRUB's config for the ESPs) and `update-grub` (plain GRUB hosts, also run by `kernel pin/unpin`
+there). Each writes <root>/var/lib/gpuhost-twin/bootcfg.json in the format twin/kernel_choice.py
+defines (see its docstring): "loader", "cmdline" (entry options, without the initrd=/BOOT_IMAGE=
+the loader adds), "kernel_default" (what the loader really holds), "kernels" (oldest first, newest
+last), "written_by", "written_at"; plus "firmware", "kernel_pin", "next_boot_pin", "entries"
+(options per kernel), "initrd" (the initramfs records synced to the ESP; null for GRUB, which reads
+/boot at boot), "grub_devid" and "grub_on_esp" (GRUB).
 
---next-boot, per the source: proxmox-boot-tool writes the one-shot pin into loader.conf `default`
-(systemd-boot) or GRUB_DEFAULT exactly like a permanent pin; only proxmox-boot-cleanup.service on
-the next boot that reaches multi-user undoes it (on_boot()). So a trial kernel that hangs is booted
-again after a power cycle on real hardware. twin/kernel_choice.py models a firmware one-shot instead
-("kernel_next" falls back to "kernel_default"); "loader_default" says what the loader really holds.
-Set "strict_next_boot": true in var/lib/gpuhost-twin/pve.json to record the real behaviour
-(kernel_default = the trial kernel, kernel_next = null).
+--next-boot, per the source (trial-boot.md §5): proxmox-boot-tool writes the next-boot pin into
+loader.conf `default` (systemd-boot) or GRUB_DEFAULT exactly like a permanent pin (it wins over
+it); only proxmox-boot-cleanup.service, in a boot that reaches userspace (on_boot(), run by
+twin.boot.simulate_boot after a boot that did not panic or hang), undoes it. So a trial kernel
+that panics with panic=N is booted again and again. True one-shots: bootctl set-oneshot
+(systemd-boot, twin/hwshim/bootctl.py) and GRUB's next_entry (twin/kernel_choice.py).
 """
 
 from __future__ import annotations

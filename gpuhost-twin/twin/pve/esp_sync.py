@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -25,6 +26,10 @@ from .boot_functions import (
     initrd_record,
 )
 from .bootcfg import write_bootcfg
+from .config import TWIN_STATE
+from .grub import set_grub_default, update_grub
+
+ESP_DIR = f"{TWIN_STATE}/esp"  # files the twin keeps of each ESP's vfat (GRUB: grub/grubenv)
 
 # --- refresh (zz-proxmox-boot) ---
 
@@ -77,7 +82,8 @@ def update_esps(root: Path, out: Out, install_version: str = "") -> None:
         out.err(f"No /{ESP_LIST} found, skipping ESP sync.")
         _check_grub_efi_package(root, out)
         return
-    cmdline = _esp_cmdline(root, out)
+    grub_mode = grub_on_esp(root)
+    cmdline = "" if grub_mode else _esp_cmdline(root, out)
     kvers = boot_kernel_list(root, install_version)
     esps = _load_esps(root)
     for uuid in uuids:
@@ -102,8 +108,10 @@ def update_esps(root: Path, out: Out, install_version: str = "") -> None:
         pinned = first_line(root, PINNED_KERNEL_CONF)
         if (root / NEXT_BOOT_PIN).exists():
             pinned = first_line(root, NEXT_BOOT_PIN)
+        if grub_mode:  # grub-install made <ESP>/grub/grubenv
+            ensure_grubenv(root / ESP_DIR / uuid / "grub/grubenv")
         esps[uuid] = {
-            "mode": "uefi",
+            "mode": "grub" if grub_mode else "uefi",
             "versions": sorted(synced),  # `ls -1` of EFI/proxmox
             "default": f"proxmox-{pinned}.conf" if pinned else "proxmox-*",
             "cmdline": cmdline,
@@ -111,7 +119,27 @@ def update_esps(root: Path, out: Out, install_version: str = "") -> None:
             "synced_at": time.time(),
         }
     _write_json(root / ESP_STATE, esps)
+    if grub_mode:  # zz-proxmox-boot: set_grub_default from the pins, then update-grub per ESP
+        pin = first_line(root, NEXT_BOOT_PIN) or first_line(root, PINNED_KERNEL_CONF)
+        set_grub_default(root, out, pin)
+        update_grub(root, out, esps=[u for u in uuids if u in esps])
+        return
     _write_bootcfg_esp(root, esps, uuids)
+
+
+def grub_on_esp(root: Path) -> bool:
+    """GRUB, not systemd-boot, on the ESPs (`proxmox-boot-tool init <part> grub`)."""
+    try:
+        return bool(json.loads((root / TWIN_STATE / "pve.json").read_text()).get("grub_on_esp"))
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+def ensure_grubenv(path: Path) -> None:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = "# GRUB Environment Block\n"
+        path.write_text(body + "#" * (1024 - len(body)))
 
 
 def _check_grub_efi_package(root: Path, out: Out) -> None:

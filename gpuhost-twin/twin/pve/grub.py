@@ -66,8 +66,12 @@ class MenuEntry:
     cmdline: str  # as /proc/cmdline shows it (BOOT_IMAGE first)
 
 
-def update_grub(root: Path, out: Out) -> None:
-    """grub-mkconfig -o /boot/grub/grub.cfg (its messages go to stderr)."""
+def update_grub(root: Path, out: Out, esps: list[str] | None = None) -> None:
+    """grub-mkconfig -o /boot/grub/grub.cfg (its messages go to stderr).
+
+    esps: proxmox-boot-tool's refresh on GRUB-on-ESP hosts, which renders the same config onto
+    every ESP (the ESP bind-mounted on /boot); only then is the result what boots.
+    """
     try:
         settings = grub_settings(root)
     except RuntimeError as exc:
@@ -128,7 +132,7 @@ def update_grub(root: Path, out: Out) -> None:
     tmp.write_text(cfg_text)
     os.replace(tmp, grub_cfg)
     out.err("done")
-    if esp_uuids(root) is not None:
+    if esps is None and esp_uuids(root) is not None:
         return  # proxmox-boot-tool manages the ESPs: this grub.cfg is not what boots
     chosen = resolve_grub_default(default, simple, advanced, root)
     normal = [e for e in advanced if "(recovery mode)" not in e.title]
@@ -141,8 +145,10 @@ def update_grub(root: Path, out: Out) -> None:
         kernels=kernels,
         entries=entries,
         initrd=None,
-        written_by="update-grub",
+        written_by="proxmox-boot-tool refresh" if esps else "update-grub",
         grub_default=chosen.version if chosen else None,
+        grub_devid=rid,
+        grub_on_esp=esps or [],
     )
 
 
