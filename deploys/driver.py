@@ -25,10 +25,11 @@ from pyinfra import host, logger
 from pyinfra.api import DeployError, FileUploadCommand, OperationError, deploy, operation
 from pyinfra.operations import python
 
+from deploys.context import observed
 from facts.driver_install import PENDING, BuildResources, ModuleHashes
 from gpuhost.artifacts import ArtifactError, ArtifactStore
 from gpuhost.driverbuild import build_command, inspect_module
-from gpuhost.driverplan import DriverModules
+from gpuhost.driverplan import MODULES_KIND, DriverModules, for_new_kernel
 from gpuhost.driverstore import (
     MODULE_FILES,
     DriverModulesError,
@@ -143,16 +144,27 @@ def _store_from_host(wanted: DriverModules, workdir: str, scratch: str, cc: str)
 
 
 @deploy("NVIDIA kernel modules")
-def configure(plan: Plan) -> None:
+def configure(plan: Plan, new_kernel_compiler: str | None = None) -> None:
+    """+ new_kernel_compiler: the compiler of the kernel this run installs from the store (the
+    host has no config for it yet), from the stored build"""
     wanted = plan.driver_modules
     if wanted is None:
         return  # driver.source unset: the modules are not gpuhost's to manage on this host
+    if wanted.key is None:
+        # The kernel is installed by this run: its compiler is the stored kernel's, or (a
+        # Proxmox package) the one the store's only build of these modules for it names.
+        stored = ArtifactStore(wanted.store).keys(MODULES_KIND, wanted.version, wanted.kernel)
+        if new_kernel_compiler is None and len(stored) == 1:
+            new_kernel_compiler = stored[0].compiler
+        if new_kernel_compiler:
+            available = observed(host).compilers.compilers
+            wanted = for_new_kernel(wanted, new_kernel_compiler, available)
     where = f"{host.name}: NVIDIA modules for kernel {wanted.kernel}"
     if wanted.key is None:
         raise DeployError(
             f"{where}: the host has no config for that kernel (/boot/config-{wanted.kernel} or "
             f"/lib/modules/{wanted.kernel}/build/.config) to tell its compiler; install the "
-            "kernel and its headers first"
+            "kernel and its headers first, or keep one build of these modules for it in the store"
         )
     store = ArtifactStore(wanted.store)
     scratch = _scratch()

@@ -4,19 +4,22 @@ Reads the host once, prints the plan (refusing splits that cannot work, and tria
 cannot be made safe, before anything changes), then applies each concern of that one Plan. A new
 kernel is booted once through a true one-shot and pinned only after the audit's host checks pass
 on it (deploys/trial_boot.py); otherwise the host reboots only if it needs to.
-The NVIDIA modules come first (only where the spec sets driver.source): a build refused for its
-compiler stops the run before anything changes, and a reboot never precedes them.
+The kernel (from apt or the artifact store) is installed after the running one is pinned, then
+the NVIDIA modules for it (only where the spec sets driver.source): a store without the kernel,
+or a module build refused for its compiler, stops the run before anything changes, and a reboot
+never precedes them.
 """
 
 from pyinfra import host
 
-from deploys import boot_cmdline, context, devices, driver, modules, reboot, trial_boot
+from deploys import boot_cmdline, context, devices, driver, kernel, modules, reboot, trial_boot
 from gpuhost.trialstate import Step
 
 plan = context.plan(host)
 trial_boot.preflight(plan)
 trial_boot.before_install(name="Room for a new kernel; pin the running one", plan=plan)
-driver.configure(plan)
+new_kernel = kernel.configure(plan)
+driver.configure(plan, new_kernel.compiler if new_kernel is not None else None)
 boot_cmdline.configure(plan)
 modules.configure(plan)
 devices.configure(plan)

@@ -92,6 +92,17 @@ class ArtifactStore:
                 )
         return Artifact(key, directory, files, record.get("meta", {}))
 
+    def keys(self, kind: str, version: str, kernel: str) -> list[ArtifactKey]:
+        """Every key stored for (kind, version, kernel), whatever its compiler and config, as
+        the manifests record them (unverified: :meth:`get` checks the files)."""
+        base = self.root / kind / version / kernel
+        found = []
+        for manifest in sorted(base.glob(f"*/{MANIFEST}")) + sorted(base.glob(f"*/*/{MANIFEST}")):
+            key = json.loads(manifest.read_text()).get("key")
+            if isinstance(key, dict) and set(key) <= set(ArtifactKey.__dataclass_fields__):
+                found.append(ArtifactKey(**key))
+        return found
+
     def put(self, key: ArtifactKey, files: list[Path], meta: dict | None = None) -> Artifact:
         """Store ``files`` under ``key`` (replacing what was there), atomically."""
         target = self.root / key.path

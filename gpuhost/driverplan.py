@@ -3,7 +3,7 @@ which compiler the host may build them with. Pure: from the spec and the host's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuhost.artifacts import ArtifactKey
 from gpuhost.hostfacts import HostFacts
@@ -38,6 +38,13 @@ class DriverModules:
         return ArtifactKey(MODULES_KIND, self.version, self.kernel, self.kernel_compiler)
 
 
+def _host_choice(cc_text: str, available: dict[str, str]) -> CompilerChoice:
+    try:
+        return choose_module_compiler(cc_text, available)
+    except ToolchainError as exc:  # a kernel built by a compiler gpuhost cannot name
+        return CompilerChoice(None, cc_text, refusal=str(exc))
+
+
 def plan_driver_modules(spec: HostSpec, facts: HostFacts) -> DriverModules | None:
     """None when the spec leaves the modules unmanaged (no driver.source)."""
     source = spec.driver.source
@@ -45,10 +52,11 @@ def plan_driver_modules(spec: HostSpec, facts: HostFacts) -> DriverModules | Non
         return None
     kernel = spec.kernel.version
     cc_text = facts.compilers.kernel_compiler(kernel)
-    choice = None
-    if cc_text is not None:
-        try:
-            choice = choose_module_compiler(cc_text, facts.compilers.compilers)
-        except ToolchainError as exc:  # a kernel built by a compiler gpuhost cannot name
-            choice = CompilerChoice(None, cc_text, refusal=str(exc))
+    choice = _host_choice(cc_text, facts.compilers.compilers) if cc_text is not None else None
     return DriverModules(spec.driver.version, kernel, source.tree, source.store, cc_text, choice)
+
+
+def for_new_kernel(wanted: DriverModules, cc_text: str, available: dict[str, str]) -> DriverModules:
+    """The modules for a kernel this run installs (not on the host yet), whose compiler is
+    known from its stored build: the same key and host compiler choice as once it is there."""
+    return replace(wanted, kernel_compiler=cc_text, on_host=_host_choice(cc_text, available))

@@ -1,0 +1,89 @@
+"""The spec's kernel, installed beside the running one: a Proxmox package by release (apt, from
+the host's own sources), or the .debs `gpuhost build` left in the artifact store (dpkg only: a
+reprovisioned host compiles nothing).
+
+Installing never makes the new kernel boot: deploys/trial_boot.py pinned the running kernel
+first, and only the trial boot starts the new one, once. Whether the kernel is installed comes
+from the host (its /boot/config-<release>, read with the other facts in one command), so a
+converged run changes nothing and a run killed during dpkg installs again on the next.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import DeployError, FileUploadCommand, operation
+from pyinfra.facts.apt import noninteractive_apt
+
+from deploys.context import observed
+from gpuhost.artifacts import ArtifactStore
+from gpuhost.inventory import SPEC_KEY
+from gpuhost.kernelstore import KernelInstall, KernelStoreError, installed_problem, plan_install
+from gpuhost.plan import STATE_DIR, Plan
+from gpuhost.spec import HostSpec
+
+DEB_DIR = f"{STATE_DIR}/kernel-debs"
+
+
+def is_installed(plan: Plan) -> bool:
+    """The kernel image package put /boot/config-<release> there (Debian and Proxmox both)."""
+    return "boot" in observed(host).compilers.kernels.get(plan.target_kernel, {})
+
+
+def install_plan(plan: Plan) -> KernelInstall | None:
+    """How this run installs the spec's kernel; None when it is installed. Refuses (before
+    anything changes) an installed kernel built by another GCC, or a store without the build."""
+    spec: HostSpec = host.data.get(SPEC_KEY)
+    release, gcc = plan.target_kernel, spec.toolchain.gcc
+    where = f"{host.name}: kernel {release}"
+    if release == plan.running_kernel:
+        return None  # running (its config may only be in /proc/config.gz)
+    if is_installed(plan):
+        problem = installed_problem(release, observed(host).compilers.kernel_compiler(release), gcc)
+        if problem:
+            raise DeployError(f"{host.name}: {problem}")
+        return None
+    store = ArtifactStore(spec.artifacts.store) if spec.kernel.source == "build" else None
+    try:
+        return plan_install(release, spec.kernel.source, gcc, store)
+    except KernelStoreError as exc:
+        raise DeployError(f"{where}: {exc}") from None
+
+
+@operation()
+def installed(install: KernelInstall | None):
+    """
+    Install the kernel's packages: apt for a Proxmox release, else upload the stored .debs and
+    dpkg -i them (the packages' hooks build the initramfs and sync the ESPs).
+
+    + install: from :func:`install_plan`; None: installed already
+    """
+    if install is None:
+        host.noop("the kernel is installed")
+        return
+    if install.source == "package":
+        yield noninteractive_apt("install " + " ".join(map(shlex.quote, install.packages)))
+        return
+    q = shlex.quote
+    yield f"rm -rf {q(DEB_DIR)} && mkdir -p {q(DEB_DIR)}"
+    remote = [f"{DEB_DIR}/{Path(deb).name}" for deb in install.debs]
+    for deb, dest in zip(install.debs, remote, strict=True):
+        yield FileUploadCommand(deb, dest)
+    yield (
+        "DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold -i "
+        + " ".join(map(q, remote))
+        + f" && rm -rf {q(DEB_DIR)}"
+    )
+
+
+def configure(plan: Plan) -> KernelInstall | None:
+    """Install the spec's kernel unless it is installed; returns how (None: nothing to do)."""
+    install = install_plan(plan)
+    installed(
+        name=f"Kernel {plan.target_kernel}"
+        + (f" ({install.describe()})" if install is not None else ""),
+        install=install,
+    )
+    return install
