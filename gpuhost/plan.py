@@ -12,7 +12,7 @@ parameters), never from what a run changed: a run killed anywhere converges on t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuhost import bootconf, modconf
 from gpuhost.driverplan import DriverModules, plan_driver_modules
@@ -37,7 +37,7 @@ from gpuhost.split import (
     owner_of_guest,
     slot,
 )
-from gpuhost.trialboot import TrialBoot, plan_trial_boot
+from gpuhost.trialboot import TrialBoot, plan_trial_boot, trial_cmdline_names
 from gpuhost.trialstate import RECORD as TRIAL_RECORD
 from gpuhost.trialstate import Step, TrialRecord, next_step
 
@@ -178,9 +178,18 @@ def _loader_files(facts: HostFacts, loader: str) -> dict[str, str]:
 
 
 def _boot_config(
-    spec: HostSpec, facts: HostFacts, loader: str, problems: list[str], notes: list[str]
+    spec: HostSpec,
+    facts: HostFacts,
+    loader: str,
+    problems: list[str],
+    notes: list[str],
+    trial_params: tuple[str, ...] = (),
 ) -> tuple[bootconf.BootConfig, bool]:
-    """The boot loader files and whether host devices get identity domains (iommu=pt)."""
+    """The boot loader files and whether host devices get identity domains (iommu=pt).
+
+    ``trial_params`` go on the command line while a trial boot is due or under way. Once it is
+    done they leave the files, but a running kernel booted with them is not a reason to reboot
+    (they only make a failing kernel reboot by itself), so they are never "absent"."""
     files = _loader_files(facts, loader)
     configured, trouble = bootconf.configured(loader, files)
     problems += trouble
@@ -200,12 +209,16 @@ def _boot_config(
     )
     problems += iommu.refusals
     notes += iommu.notes
-    wanted = list(iommu.wanted)
+    wanted = list(iommu.wanted) + [p for p in trial_params if p not in iommu.wanted]
     if loader == "systemd-boot":
         config = bootconf.systemd_boot(files, wanted)
     else:
         config = bootconf.grub(files, [p for p, _ in configured], wanted)
     problems += config.problems
+    lingering = set(trial_cmdline_names())
+    config = replace(
+        config, absent=[p for p in config.absent if p.split("=", 1)[0] not in lingering]
+    )
     return config, iommu.identity_domains
 
 
@@ -244,7 +257,8 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
             "loaded into it (rebuild the kernel with the toolchain, or set toolchain.gcc)"
         )
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
-    boot, passthrough = _boot_config(spec, facts, loader, problems, notes)
+    trial, step, trial_params = _trial(spec, facts, problems)
+    boot, passthrough = _boot_config(spec, facts, loader, problems, notes, trial_params)
 
     names = {g.bdf: g.name for g in facts.gpus.gpus}
     all_functions = sorted(facts.pci)
@@ -371,7 +385,6 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         raise PlanError(host, problems, source)
 
     lxc_nodes, vm_functions = _guest_devices(assignments, facts)
-    trial, step = _trial(spec, facts, problems)
     if problems:
         raise PlanError(host, problems, source)
     expected = [p for p in running if p not in remove]
@@ -441,18 +454,23 @@ def _guest_devices(
     )
 
 
-def _trial(spec: HostSpec, facts: HostFacts, problems: list[str]) -> tuple[TrialBoot | None, Step]:
-    """The trial boot of the planned kernel, and which of its steps the host shows is due."""
+def _trial(
+    spec: HostSpec, facts: HostFacts, problems: list[str]
+) -> tuple[TrialBoot | None, Step, tuple[str, ...]]:
+    """The trial boot of the planned kernel, which of its steps the host shows is due, and the
+    parameters its boot needs on the command line (panic=N and friends: a failing trial kernel
+    reboots into the default by itself). Those are wanted from the run that starts the trial
+    until the one that commits it; a kernel booted by other means is gated without them."""
     try:
         record = TrialRecord.parse((facts.files or {}).get(TRIAL_RECORD))
     except ValueError as exc:
         problems.append(str(exc))
-        return None, Step.CONVERGED
+        return None, Step.CONVERGED, ()
     running = facts.kernel.release
     pinned = facts.boot_kernels.pinned if facts.boot_kernels is not None else None
     step = next_step(record, spec.kernel.version, running, pinned, facts.boot_id)
     if step is Step.CONVERGED:
-        return None, step
+        return None, step, ()
     # The kernel the trial falls back to: recorded when it started, else the one running now
     # (or, on the planned kernel booted by other means, the pinned default it must replace).
     previous = record.previous if record else pinned if step is Step.GATE else running
@@ -466,4 +484,5 @@ def _trial(spec: HostSpec, facts: HostFacts, problems: list[str]) -> tuple[Trial
         deadline_minutes=settings.deadline_minutes,
         without_oneshot=settings.without_oneshot,
     )
-    return trial, step
+    due = step is Step.START or (step is Step.GATE and record is not None)
+    return trial, step, trial.cmdline if due and trial.can_apply else ()

@@ -51,13 +51,16 @@ def trial_cmdline(panic_timeout: int) -> tuple[str, ...]:
     return (f"panic={panic_timeout}", "oops=panic", "softlockup_panic=1", "nmi_watchdog=panic")
 
 
+def trial_cmdline_names() -> tuple[str, ...]:
+    return tuple(p.split("=", 1)[0] for p in trial_cmdline(0))
+
+
 # Where these go: the trial-only systemd-boot entry of §3 is untested, and GRUB's next_entry
-# picks an entry, not a command line. So all four go on the managed command line (the one
-# every entry shares) for the trial; panic=N stays after the commit, because a panicked kernel
-# serves nothing and panic=0 makes the initramfs halt instead of reboot. The other three go
-# again at the commit: a production host should not reboot for every recoverable oops.
-def kept_cmdline(panic_timeout: int) -> tuple[str, ...]:
-    return (f"panic={panic_timeout}",)
+# picks an entry, not a command line. So all four go on the managed command line (the one every
+# entry shares) from the run that starts the trial to the one that commits it (gpuhost.plan).
+# After the commit they leave the loader's files without a reboot of their own: a production
+# host should not reboot for every recoverable oops, and the next reboot drops them. Keep
+# panic=N for good with boot.extra.
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,6 @@ class TrialBoot:
     deadline_s: int = 0
     before_deadline_reboot: tuple[str, ...] = ()
     cmdline: tuple[str, ...] = ()  # on the command line for the trial boot
-    cmdline_kept: tuple[str, ...] = ()  # stays there after the commit
     notes: tuple[str, ...] = ()
 
     @property
@@ -257,7 +259,6 @@ def plan_trial_boot(
         entry=entry,
         refusal=refusal,
         cmdline=trial_cmdline(panic_timeout),
-        cmdline_kept=kept_cmdline(panic_timeout),
         notes=tuple(notes),
     )
     if refusal is not None or entry is None:

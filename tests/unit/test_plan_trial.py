@@ -96,3 +96,46 @@ def test_the_trial_step_comes_from_the_hosts_record() -> None:
 def test_a_damaged_record_refuses_the_plan_naming_it() -> None:
     with pytest.raises(PlanError, match="trial lacks previous, boot_id"):
         make_plan("kpro6", spec(), kpro6(**_with_record(f"kernel={NEW}\n", "3" * 36)))
+
+
+TRIAL_PARAMS = ["panic=10", "oops=panic", "softlockup_panic=1", "nmi_watchdog=panic"]
+
+
+def test_the_trial_boots_with_panic_parameters() -> None:
+    """From the run that starts the trial, a failing kernel reboots into the default by itself."""
+    plan = make_plan("kpro6", spec(), kpro6(**_with_record(None, "1" * 36)))
+    assert plan.trial_step is Step.START
+    assert all(p in plan.cmdline_present for p in TRIAL_PARAMS)
+    line = plan.files["/etc/kernel/cmdline"].content or ""
+    assert line.startswith("root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet ")
+    assert all(p in line.split() for p in TRIAL_PARAMS)
+
+
+def test_after_the_commit_they_leave_the_files_without_a_reboot() -> None:
+    """Converged on the trial's kernel, which booted with them: the files drop them, and the
+    running kernel having them is neither a reboot reason nor an audit failure."""
+    import base64
+
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    booted = "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet " + " ".join(TRIAL_PARAMS)
+    record = "# Managed by gpuhost\n" + "".join(f"{p}\n" for p in TRIAL_PARAMS)
+    facts = kpro6(
+        BootPath=(0, proxmox("boot-path-systemd-boot.out")),
+        ConfigFiles=(
+            0,
+            [
+                f"F /etc/kernel/cmdline {b64(booted + chr(10))}",
+                f"F /etc/gpuhost/kernel-cmdline {b64(record)}",
+            ],
+        ),
+        KernelCmdline=(0, [f"BOOT_IMAGE=/boot/vmlinuz-6.8.12-9-pve {booted}"]),
+    )
+    plan = make_plan("kpro6", spec("6.8.12-9-pve"), facts)
+    assert plan.trial_step is Step.CONVERGED
+    line = plan.files["/etc/kernel/cmdline"].content or ""
+    assert not any(p in line.split() for p in TRIAL_PARAMS)
+    assert not any(p in plan.cmdline_absent for p in TRIAL_PARAMS)
+    reasons = " ".join(str(r) for r in plan.reboot_now + plan.reboot_later)
+    assert "panic" not in reasons
