@@ -16,9 +16,10 @@ class TrialSpec(BaseModel):
         ge=1,
         le=300,
         description="panic=N: seconds before a panicked kernel reboots (into the pinned, "
-        "known-good kernel during a trial). The trial plan puts it on the command line with "
-        "oops=panic, softlockup_panic=1 and nmi_watchdog=panic, and keeps panic=N after the "
-        "commit (0 would make the initramfs halt).",
+        "known-good kernel during a trial). It goes on the managed command line with "
+        "oops=panic, softlockup_panic=1 and nmi_watchdog=panic from the run that starts a "
+        "trial to its commit; after it they leave the loader's files (no reboot of their own). "
+        "To keep panic=N for good, put it in boot.extra.",
     )
     deadline_minutes: int = Field(
         20,
@@ -34,4 +35,11 @@ class TrialSpec(BaseModel):
         "where GRUB cannot clear next_entry (no true one-shot): a new kernel that panics or "
         "hangs before userspace then keeps booting until someone at the console or IPMI picks "
         "the old one. Without it such a trial is refused.",
+    )
+    parallel: bool = Field(
+        False,
+        description="Reboot this host's trial alongside the others of the run. By default the "
+        "trial reboots go one host at a time, and once one host's trial fails no other host "
+        "of the run is rebooted into its trial (its kernel stays installed but unbooted, the "
+        "old one pinned).",
     )
