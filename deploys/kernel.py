@@ -78,8 +78,51 @@ def installed(install: KernelInstall | None):
     )
 
 
+def keep_problem(plan: Plan) -> str | None:
+    """kernel.keep names kernels that must stay bootable: each must be installed."""
+    spec: HostSpec = host.data.get(SPEC_KEY)
+    kernels = observed(host).compilers.kernels
+    missing = [
+        k for k in spec.kernel.keep if k != plan.running_kernel and "boot" not in kernels.get(k, {})
+    ]
+    if not missing:
+        return None
+    return (
+        f"kernel.keep names {', '.join(missing)}, not installed on the host (no /boot/config-"
+        f"{missing[0]}): a known-good kernel must be installed to be kept. Install it, or drop "
+        "it from kernel.keep"
+    )
+
+
+@operation()
+def kept(keep: list[str]):
+    """
+    Keep the known-good kernels in proxmox-boot-tool's manual list: the ESPs' automatic choice
+    (newest two, the running one and the pins) would drop them after a few kernel updates.
+
+    + keep: kernel.keep
+    """
+    kernels = observed(host).boot_kernels
+    if kernels is None:
+        host.noop("proxmox-boot-tool is not installed: no ESP kernel list to keep them in")
+        return
+    missing = [k for k in keep if k not in kernels.manual]
+    if not missing:
+        host.noop(f"kept: {', '.join(keep) or 'none asked'}")
+        return
+    for k in missing:
+        yield f"proxmox-boot-tool kernel add {shlex.quote(k)}"
+    yield "proxmox-boot-tool refresh"
+
+
 def configure(plan: Plan) -> KernelInstall | None:
-    """Install the spec's kernel unless it is installed; returns how (None: nothing to do)."""
+    """Install the spec's kernel unless it is installed; returns how (None: nothing to do).
+    Keep the known-good kernels of kernel.keep on every ESP."""
+    problem = keep_problem(plan)
+    if problem:
+        raise DeployError(f"{host.name}: {problem}")
+    spec: HostSpec = host.data.get(SPEC_KEY)
+    kept(name="Known-good kernels stay on the ESPs (kernel.keep)", keep=list(spec.kernel.keep))
     install = install_plan(plan)
     installed(
         name=f"Kernel {plan.target_kernel}"
