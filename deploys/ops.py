@@ -93,10 +93,20 @@ def managed_file(item: ManagedFile, follow_ups: list[FollowUp] | None = None):
         host.noop(f"{path} is up to date")
         return
     _show_diff(path, current, item.content)
+    yield write_command(item, mark)
+
+
+def write_command(item: ManagedFile, mark: list[str] | None = None) -> StringCommand:
+    """Write ``item`` (content or absence) atomically: a temporary file renamed over the path,
+    so a crash never leaves half a file behind (a truncated /etc/kernel/cmdline makes a host
+    unbootable). ``mark``: shell words that run first (pending follow-ups)."""
+    path = item.path
+    if item.content is None:
+        return StringCommand(*(mark or []), "rm -f", QuoteString(path))
     encoded = base64.b64encode(item.content.encode()).decode()
     tmp = f"{path}.gpuhost-new"
-    yield StringCommand(
-        *mark,
+    return StringCommand(
+        *(mark or []),
         "mkdir -p",
         QuoteString(posixpath.dirname(path)),
         "&& echo",

@@ -25,6 +25,7 @@ from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
 from deploys.guests import guest_power, start_guests, stop_guests
+from deploys.ops import write_command
 from deploys.reboot import _read
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo
@@ -56,8 +57,14 @@ def _failed_on(state, host) -> None:
 
 
 def _all(commands: tuple[str, ...]) -> str:
-    """One shell command that runs ``commands`` in order and stops at the first failure."""
-    return " && ".join(f"( {c} )" for c in commands) if commands else "true"
+    """One shell command that runs ``commands`` in order and stops at the first failure, naming
+    the command that failed (a silent `test` would otherwise leave only "Error")."""
+    if not commands:
+        return "true"
+    return " && ".join(
+        f"{{ ( {c} ) || {{ echo {shlex.quote(f'gpuhost: failed: {c}')} >&2; false; }}; }}"
+        for c in commands
+    )
 
 
 def _run(host, command: str) -> tuple[bool, str]:
@@ -109,6 +116,22 @@ def before_install(plan: Plan):
     yield _all(trial.pin_running)
 
 
+def _loader_marker(plan: Plan) -> str:
+    return shlex.quote(next(f.marker for f in plan.follow_ups if f.name == "loader"))
+
+
+def _settle_cmdline(host, plan: Plan) -> None:
+    """The loader files without the trial's panic parameters, before the commit: its refresh
+    (or update-grub) applies them; a run killed in between refreshes on the next one."""
+    mark = [f"mkdir -p {shlex.quote(STATE_DIR)} && touch {_loader_marker(plan)} &&"]
+    for item in plan.trial_commit_files.values():
+        command = write_command(item, mark)
+        ok, output = host.run_shell_command(command, print_output=False)
+        if not ok:
+            text = "\n".join(output.stderr_lines).strip()
+            raise OperationError(f"writing {item.path} for the commit failed: {text}")
+
+
 def _wait_for_boot(host, before: str, delay: int, timeout: int) -> str:
     """The kernel release of the boot after ``before`` (a boot id), once the host is back."""
     time.sleep(delay)
@@ -157,7 +180,9 @@ def _gate_and_commit(
     gate = run_gate(host.name, spec, runner, host.data.get(SOURCE_KEY))
     problems += list(gate.failed)
     if not problems:
+        _settle_cmdline(host, plan)
         _must(host, "committing the trial", trial.commit)
+        _must(host, "clearing the pending loader refresh", (f"rm -f {_loader_marker(plan)}",))
         _must(host, "clearing the trial record", (f"rm -f {shlex.quote(RECORD)}",))
         logger.info(
             f"{host.print_prefix}kernel {trial.kernel} passed its trial boot "

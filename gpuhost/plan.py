@@ -136,6 +136,9 @@ class Plan:
     # the plan and the audit still show everything else.
     trial_boot: TrialBoot | None = None
     trial_step: Step = Step.CONVERGED  # which step of the trial is due, from the host alone
+    # The loader files as the trial's commit leaves them (its panic parameters gone); written
+    # just before the commit, whose own loader refresh applies them.
+    trial_commit_files: dict[str, ManagedFile] = field(default_factory=dict)
     target_kernel: str = ""  # spec.kernel.version
     driver_modules: DriverModules | None = None  # None: the spec leaves them unmanaged
 
@@ -259,6 +262,16 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
     trial, step, trial_params = _trial(spec, facts, problems)
     boot, passthrough = _boot_config(spec, facts, loader, problems, notes, trial_params)
+    # What the loader's files become at the trial's commit, in the run that commits it: without
+    # the trial's panic parameters (its commit refreshes the loader), so the next run is a no-op.
+    after_trial: dict[str, ManagedFile] = {}
+    if trial_params:
+        settled, _ = _boot_config(spec, facts, loader, [], [], ())
+        after_trial = {
+            path: ManagedFile(path, content, "cmdline")
+            for path, content in settled.files.items()
+            if boot.files.get(path) != content
+        }
 
     names = {g.bdf: g.name for g in facts.gpus.gpus}
     all_functions = sorted(facts.pci)
@@ -418,6 +431,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         hardware=spec.hardware,
         trial_boot=trial,
         trial_step=step,
+        trial_commit_files=after_trial,
         target_kernel=spec.kernel.version,
         driver_modules=plan_driver_modules(spec, facts),
     )

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from twin import boot, hwsim, modbuild
+from twin import boot, hwsim, kernel_choice, modbuild
 from twin.profile import Kernel, Profile
 
 SHIM_DIR = "usr/lib/gpuhost-twin"
@@ -37,6 +37,8 @@ TOOLS = (
     "uname",
     "dmesg",
     "bootctl",
+    "mount",
+    "umount",
 )
 # Packaged paths (dpkg's view, before usrmerge) that get diverted when the package is installed.
 PACKAGED = {
@@ -50,6 +52,8 @@ PACKAGED = {
     "nvidia-smi": ["/usr/bin/nvidia-smi"],
     "nvidia-modprobe": ["/usr/bin/nvidia-modprobe"],
     "bootctl": ["/usr/bin/bootctl"],  # package systemd-boot
+    "mount": [],  # only /usr/local/bin's: other mounts go to the real /bin/mount
+    "umount": [],
 }
 WRAPPER = """#!/usr/bin/python3
 # gpuhost twin: simulated hardware tool; real one (if any) is {real}
@@ -210,6 +214,9 @@ def _boot_config(root: Path, profile: Profile) -> None:
     }
     if not (root / boot.BOOTCFG).exists():
         _write(root, boot.BOOTCFG, json.dumps(snapshot, indent=1, sort_keys=True) + "\n")
+    if b.loader == "systemd-boot" or b.grub_on_esp:  # the ESP partitions (their vfat's files)
+        for uuid in b.esp_uuids:
+            (root / kernel_choice.ESP_DIR / uuid).mkdir(parents=True, exist_ok=True)
 
 
 def _write(root: Path, rel: str, text: str) -> None:

@@ -133,13 +133,18 @@ def ensure_fleet() -> None:
     rootfs.check_chroot_safe(STATE_ROOT)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd refuses to start without it
     key = client_key()
-    if not key.exists():
-        key.parent.mkdir(mode=0o700, exist_ok=True)
-        _keygen(key, "gpuhost-twin client")
+    if key.exists():
+        return
+    key.parent.mkdir(mode=0o700, exist_ok=True)
+    # Test sessions of several checkouts may start their first twin at once: one makes the key.
+    with (key.parent / ".keygen.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not key.exists():
+            _keygen(key, "gpuhost-twin client")
 
 
 def _keygen(path: Path, comment: str) -> None:
-    tmp = path.with_name(path.name + ".new")
+    tmp = path.with_name(f"{path.name}.new{os.getpid()}")
     for p in (tmp, tmp.with_name(tmp.name + ".pub")):
         p.unlink(missing_ok=True)
     subprocess.run(

@@ -4,13 +4,14 @@ Installed as the package /usr/lib/gpuhost-twin/hwshim next to the hwsim package;
 three-line wrapper (see hardware.py). $TWIN_ROOT (default "/") is the machine's root.
 
 One module per tool family: nvidia_smi (+ smi_text), lspci, kmod (lsmod, modprobe, modinfo,
-depmod), nvidia_modprobe, kernel (uname, dmesg), bootctl (EFI variables); common holds what they share.
+depmod), nvidia_modprobe, kernel (uname, dmesg), bootctl (EFI variables), esp_mount (the ESPs); common holds what they share.
 """
 
 from __future__ import annotations
 
 from .bootctl import bootctl
 from .common import hwsim, root
+from .esp_mount import mount, umount
 from .kernel import dmesg, uname
 from .kmod import depmod, lsmod, modinfo, modprobe
 from .lspci import lspci
@@ -28,6 +29,8 @@ TOOLS = {
     "nvidia-modprobe": nvidia_modprobe,
     "uname": uname,
     "bootctl": bootctl,
+    "mount": mount,
+    "umount": umount,
 }
 
 

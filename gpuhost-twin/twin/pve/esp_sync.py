@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -110,6 +111,9 @@ def update_esps(root: Path, out: Out, install_version: str = "") -> None:
             pinned = first_line(root, NEXT_BOOT_PIN)
         if grub_mode:  # grub-install made <ESP>/grub/grubenv
             ensure_grubenv(root / ESP_DIR / uuid / "grub/grubenv")
+        else:
+            default = f"proxmox-{pinned}.conf" if pinned else "proxmox-*"
+            write_systemd_boot_esp(root, root / ESP_DIR / uuid, synced, cmdline, default)
         esps[uuid] = {
             "mode": "grub" if grub_mode else "uefi",
             "versions": sorted(synced),  # `ls -1` of EFI/proxmox
@@ -123,8 +127,58 @@ def update_esps(root: Path, out: Out, install_version: str = "") -> None:
         pin = first_line(root, NEXT_BOOT_PIN) or first_line(root, PINNED_KERNEL_CONF)
         set_grub_default(root, out, pin)
         update_grub(root, out, esps=[u for u in uuids if u in esps])
+        for uuid in uuids:  # the ESP was bind-mounted on /boot: its own grub.cfg and kernels
+            if uuid in esps:
+                write_grub_esp(root, root / ESP_DIR / uuid, list(esps[uuid]["versions"]))
         return
     _write_bootcfg_esp(root, esps, uuids)
+
+
+LOADER_TITLE = "Proxmox Virtual Environment"
+
+
+def write_systemd_boot_esp(
+    root: Path, esp: Path, kernels: list[str], cmdline: str, default: str
+) -> None:
+    """What zz-proxmox-boot leaves on a systemd-boot ESP (trial-boot.md §1.1): per kernel
+    EFI/proxmox/<kver>/{vmlinuz,initrd.img}-<kver> and loader/entries/proxmox-<kver>.conf; other
+    kernels' entries and directories removed; loader.conf's `default` from the pins."""
+    entries, kdir = esp / "loader/entries", esp / "EFI/proxmox"
+    entries.mkdir(parents=True, exist_ok=True)
+    kdir.mkdir(parents=True, exist_ok=True)
+    for old in entries.glob("proxmox-*.conf"):
+        if old.name.removeprefix("proxmox-").removesuffix(".conf") not in kernels:
+            old.unlink()
+    for old in kdir.iterdir():
+        if old.is_dir() and old.name not in kernels:
+            shutil.rmtree(old)
+    for kver in kernels:
+        (kdir / kver).mkdir(exist_ok=True)
+        for name in (f"vmlinuz-{kver}", f"initrd.img-{kver}"):
+            shutil.copyfile(root / "boot" / name, kdir / kver / name)
+        (entries / f"proxmox-{kver}.conf").write_text(
+            f"title    {LOADER_TITLE}\nversion  {kver}\noptions   {cmdline}\n"
+            f"linux    /EFI/proxmox/{kver}/vmlinuz-{kver}\n"
+            f"initrd   /EFI/proxmox/{kver}/initrd.img-{kver}\n"
+        )
+    (esp / "loader/loader.conf").write_text(f"timeout 3\ndefault {default}\n")
+
+
+def write_grub_esp(root: Path, esp: Path, kernels: list[str]) -> None:
+    """A GRUB ESP after refresh: the kernels at its top (it is GRUB's /boot) and grub/grub.cfg."""
+    esp.mkdir(parents=True, exist_ok=True)
+    for old in esp.glob("vmlinuz-*"):
+        if old.name.removeprefix("vmlinuz-") not in kernels:
+            old.unlink()
+            (esp / old.name.replace("vmlinuz-", "initrd.img-", 1)).unlink(missing_ok=True)
+    for kver in kernels:
+        for name in (f"vmlinuz-{kver}", f"initrd.img-{kver}"):
+            shutil.copyfile(root / "boot" / name, esp / name)
+    cfg = (root / "boot/grub/grub.cfg").read_text()
+    (esp / "grub").mkdir(exist_ok=True)
+    (esp / "grub/grub.cfg").write_text(
+        cfg.replace("\tlinux\t/boot/", "\tlinux\t/").replace("\tinitrd\t/boot/", "\tinitrd\t/")
+    )
 
 
 def grub_on_esp(root: Path) -> bool:
