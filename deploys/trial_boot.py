@@ -42,6 +42,20 @@ JOURNAL = "journalctl -b -1 -k -n 40 --no-pager -o short-monotonic 2>/dev/null"
 _failed: dict[int, list[str]] = {}
 
 
+def _step(function):
+    """A FunctionCommand whose failure (OperationError) is reported as the run's error message,
+    not as a Python traceback ("Unexpected error in Python callback")."""
+
+    def run(state, host) -> bool:
+        try:
+            return function(state, host) is not False
+        except OperationError as exc:
+            host.log_styled(str(exc), fg="red", log_func=logger.error)
+            return False
+
+    return FunctionCommand(run, (), {})
+
+
 def _stop_rollout(state, host) -> None:
     failed = [name for name in _failed.get(id(state), []) if name != host.name]
     if failed:
@@ -189,8 +203,10 @@ def _gate_and_commit(
             f"({len(gate.passed)} host checks) and is now the default"
         )
         return
-    # Back to the pinned kernel: the one-shot is spent, so a plain reboot starts the old default.
+    # Back to the pinned kernel. The one-shot should be spent, but where GRUB could not clear
+    # next_entry (a misdetected LVM /boot) it would start the trial kernel again: clear it first.
     logger.warning(f"{host.print_prefix}trial of {trial.kernel} failed its checks; going back")
+    _must(host, "clearing the one-shot before going back", trial.abandon)
     before = _reboot(host)
     release = _wait_for_boot(host, before, delay, timeout)
     if release == trial.kernel:
@@ -221,9 +237,7 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
     """
     trial, step = plan.trial_boot, plan.trial_step
     if step is Step.GATE:
-        yield FunctionCommand(
-            lambda state, host: _gate_and_commit(host, plan, delay, timeout), (), {}
-        )
+        yield _step(lambda state, host: _gate_and_commit(host, plan, delay, timeout))
         return
     if step is not Step.START or trial is None:
         host.noop(f"kernel {plan.running_kernel} is running and pinned; no trial boot due")
@@ -238,7 +252,7 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
     )
     # First, before this host's one-shot, record or guests change: a failed trial elsewhere
     # stops the rollout here.
-    yield FunctionCommand(lambda state, host: _stop_rollout(state, host) or True, (), {})
+    yield _step(_stop_rollout)
     yield _all(trial.prepare)
     # The record before the one-shot: the deadline timer (files/gpuhost-trial-deadline) reads
     # it, so the one-shot is never set without its safety net.
@@ -268,7 +282,7 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
             raise
         return True
 
-    yield FunctionCommand(reboot_into_trial, (), {})
+    yield _step(reboot_into_trial)
 
 
 @deploy("Trial boot of a new kernel")

@@ -51,6 +51,9 @@ def simulate_boot(
     hw.p(hwsim.DMESG).unlink(missing_ok=True)
     kernel, cmdline, attempts = choose_kernel(hw, profile)
     hw.state.update(kernel=kernel, cmdline=cmdline, boot_attempts=attempts)
+    # The journal's previous boot (journalctl -b -1 -k): a boot that panicked just before this
+    # one, else the last boot that came up (Debian 12 keeps the journal on disk).
+    hw.state["previous_boot_log"] = hw.state.pop("panic_log", None) or prev.get("dmesg", [])
     _platform(hw, profile)
     _write_proc(hw, profile)
     hwsim.layout_pci(hw)

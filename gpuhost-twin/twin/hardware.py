@@ -39,6 +39,8 @@ TOOLS = (
     "bootctl",
     "mount",
     "umount",
+    "journalctl",
+    "findmnt",
 )
 # Packaged paths (dpkg's view, before usrmerge) that get diverted when the package is installed.
 PACKAGED = {
@@ -54,6 +56,8 @@ PACKAGED = {
     "bootctl": ["/usr/bin/bootctl"],  # package systemd-boot
     "mount": [],  # only /usr/local/bin's: other mounts go to the real /bin/mount
     "umount": [],
+    "journalctl": [],  # the previous boot's kernel log; the rest goes to /bin/journalctl
+    "findmnt": [],  # the disk layout of the profile's install (the overlay is the twin's own)
 }
 WRAPPER = """#!/usr/bin/python3
 # gpuhost twin: simulated hardware tool; real one (if any) is {real}

@@ -34,7 +34,9 @@ One-shots (trial-boot.md §1.3, §2.1, §2.3), consumed before the kernel starts
 proxmox-boot-tool's --next-boot is no one-shot: it is the loader default until
 proxmox-boot-cleanup.service runs in a boot that reaches userspace (twin.pve.on_boot).
 
-A kernel in the profile's failing_kernels panics at boot: with panic=N (N>0) on its command line
+A kernel in the profile's failing_kernels panics at boot, and so does one whose nvidia module
+loads at boot against GSP firmware of another release when oops=panic turns its oops into a
+panic (gsp_mismatch; without it the module fails to load): with panic=N (N>0) on its command line
 it reboots into whatever the loader picks next (one-shots already consumed); without it, it
 hangs. Both are recorded in hw.json "boot_attempts"; a hang or a reboot loop raises BrickedError.
 """
@@ -72,9 +74,13 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
         kernel = _select(hw, profile, cfg, installed)
         options = cfg["entries"].get(kernel) or cfg["cmdline"]
         cmdline = _full_cmdline(profile, cfg, kernel, options)
-        if kernel not in profile.failing_kernels:
+        why = "profile" if kernel in profile.failing_kernels else ""
+        if not why and "oops=panic" in cmdline.split():  # else the oops kills modules-load only
+            why = gsp_mismatch(hw, kernel)
+        if not why:
             attempts.append({"kernel": kernel, "result": "booted"})
             return kernel, cmdline, attempts
+        hw.state["panic_log"] = panic_log(kernel, cmdline, why)
         timeout = panic_timeout(cmdline)
         if timeout <= 0:
             attempts.append({"kernel": kernel, "result": "panicked; hung (no panic=N)"})
@@ -85,6 +91,32 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
     raise BrickedError(
         f"reboot loop: the loader keeps booting {attempts[-1]['kernel']}, which panics: host bricked"
     )
+
+
+def gsp_mismatch(hw: hwsim.Hw, kernel: str) -> str:
+    """Why this kernel's boot panics in the nvidia module, or '' (the operator's kpro6: GSP
+    firmware of another version than the module): the module loads at boot (modules-load.d)
+    and /lib/firmware/nvidia/<its version>/ holds blobs of a different release."""
+    loads = any(
+        "nvidia" in f.read_text().split()
+        for f in sorted(hw.p("etc/modules-load.d").glob("*.conf"))
+        if hw.p("etc/modules-load.d").is_dir()
+    )
+    ko = hw.find_ko("nvidia", kernel) if loads else None
+    return hw.gsp_mismatch(hwsim.ko_info(ko).get("version", "")) if ko is not None else ""
+
+
+def panic_log(kernel: str, cmdline: str, why: str) -> list[str]:
+    """The kernel log of a boot that panicked (what `journalctl -b -1 -k` shows afterwards)."""
+    lines = [f"Linux version {kernel}", f"Command line: {cmdline}"]
+    if why != "profile":
+        lines += [
+            f"NVRM: RmInitAdapter: GSP firmware mismatch ({why})",
+            "NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x62:0x65:1800)",
+            "BUG: kernel NULL pointer dereference, address: 0000000000000008",
+            "Oops: 0000 [#1] PREEMPT SMP NOPTI",
+        ]
+    return [*lines, "Kernel panic - not syncing: Fatal exception"]
 
 
 def _record(hw: hwsim.Hw, attempts: list[dict]) -> None:

@@ -1,4 +1,12 @@
-"""Trial boot of a new kernel by the main deploy, on twins of each boot path (experimental)."""
+"""The main deploy's kernel trial boot on twins of each boot path: a new kernel is installed
+beside the running one (which is pinned first), booted once through the loader's true one-shot,
+gated by the audit's host checks and only then pinned; a second run changes nothing.
+
+The twins start as a freshly installed kpro6 (only 6.8.12-9-pve) with the new kernel's package
+already unpacked (its image, config, headers and initramfs: what dpkg and the package's hooks
+leave), the NVIDIA userspace and GSP firmware of the driver; the deploy builds the NVIDIA modules
+for the new kernel on the twin (real Kbuild against its headers) and runs the trial. The kernel
+from the artifact store, installed by the deploy itself, is tests/e2e/test_reprovision.py's."""
 
 from __future__ import annotations
 
@@ -7,51 +15,173 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import ROOT, deploy, inventory
+from tests.e2e.conftest import ROOT, deploy, inventory, manifest
+from tests.e2e.test_audit_twin import audit
 from twin import hardware, userspace
 from twin.modbuild import GSP_FIRMWARE
 from twin.profile import Kernel
+from twin.pytest_plugin import TwinHandle
 
 pytestmark = pytest.mark.twin
 
 TREE = ROOT / "tests/fixtures/driver-src/open-gpu-kernel-modules"
 OLD = "6.8.12-9-pve"
 NEW = "6.14.8-2-bpo12-pve"
+NEWER = "6.17.2-1-pve"  # an apt upgrade behind gpuhost's back
 GCC = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0"
 VERSION = "595.71.05"
+LUMPED = yaml.safe_load((ROOT / "gpuhost-twin/twin/profiles/lumped.yaml").read_text())
+GRUB = LUMPED["boot"]["default_grub"]
+PATHS = {
+    "systemd-boot": {},
+    "grub-esp": {"firmware": "uefi", "loader": "grub", "grub_on_esp": True, "default_grub": GRUB},
+    "grub-lvm": {"firmware": "bios", "loader": "grub", "boot_on_lvm": True, "default_grub": GRUB},
+}
 
 
-def fresh_profile(tmp: Path, base: str = "kpro6", **boot) -> str:
-    data = yaml.safe_load((ROOT / f"gpuhost-twin/twin/profiles/{base}.yaml").read_text())
+def fresh_kpro6(tmp: Path, boot: dict) -> str:
+    """kpro6 as the PVE 8 installer leaves it: one kernel, 6.8.12-9-pve; boot path as given."""
+    data = yaml.safe_load((ROOT / "gpuhost-twin/twin/profiles/kpro6.yaml").read_text())
     data["kernels"] = [{"version": OLD, "gcc": GCC}]
     data["boot"].update(boot)
-    path = tmp / f"{base}-fresh.yaml"
+    if data["boot"]["loader"] == "grub":
+        data["boot"].pop("kernel_cmdline", None)
+    path = tmp / "kpro6-fresh.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
 
 
-def test_systemd_boot_trial(fresh, tmp_path):
-    twin = fresh(fresh_profile(tmp_path))
-    hardware.add_kernel(twin.root, Kernel(version=NEW, gcc=GCC))
-    assert twin.run(f"update-initramfs -c -k {NEW}")[0] == 0
-    userspace.install_root(twin.root, VERSION)
-    fw = twin.root / f"lib/firmware/nvidia/{VERSION}"
-    fw.mkdir(parents=True)
+def unpack_kernel(twin: TwinHandle, release: str, gcc: str = GCC) -> None:
+    """What installing a kernel package leaves: image, config, modules dir, headers, and the
+    initramfs its postinst hook makes (proxmox-boot-tool's hook syncs the ESPs on its own)."""
+    hardware.add_kernel(twin.root, Kernel(version=release, gcc=gcc))
+    rc, _, err = twin.run(f"update-initramfs -c -k {release}")
+    assert rc == 0, err
+
+
+def plant_firmware(root: Path, release: str) -> None:
+    fw = root / f"lib/firmware/nvidia/{VERSION}"
+    fw.mkdir(parents=True, exist_ok=True)
     for blob in GSP_FIRMWARE:
-        (fw / blob).write_bytes(b"twin GSP firmware " + VERSION.encode() + b"\n")
+        (fw / blob).write_bytes(b"twin GSP firmware " + release.encode() + b"\n")
+
+
+def trial_twin(fresh, tmp: Path, path: str, firmware: str = VERSION, **spec_kernel):
+    twin = fresh(fresh_kpro6(tmp, PATHS[path]))
+    unpack_kernel(twin, NEW)
+    userspace.install_root(twin.root, VERSION)
+    plant_firmware(twin.root, firmware)
     spec = {
-        "kernel": {"version": NEW, "keep": [OLD]},
+        "kernel": {"version": NEW, "keep": [OLD], **spec_kernel},
         "toolchain": {"gcc": "12.2.0"},
         "driver": {
             "version": VERSION,
-            "source": {"tree": str(TREE), "store": str(tmp_path / "store")},
+            "source": {"tree": str(TREE), "store": str(tmp / "store")},
         },
     }
-    inv = inventory(tmp_path / "inv.py", twin, spec)
+    return twin, inventory(tmp / "inv.py", twin, spec)
+
+
+def pinned(twin: TwinHandle) -> str:
+    rc, out, err = twin.run("proxmox-boot-tool kernel list")
+    assert rc == 0, err
+    lines = out.splitlines()
+    return lines[lines.index("Pinned kernel:") + 1].strip() if "Pinned kernel:" in lines else ""
+
+
+def boot_attempts(twin: TwinHandle) -> list[dict]:
+    import json
+
+    return json.loads((twin.root / "var/lib/gpuhost-twin/hw.json").read_text())["boot_attempts"]
+
+
+@pytest.mark.parametrize("path", ["systemd-boot", "grub-esp"])
+def test_new_kernel_is_trial_booted_gated_and_pinned(fresh, tmp_path, path):
+    twin, inv = trial_twin(fresh, tmp_path, path)
     first = deploy(inv)
-    print(first.output)
-    assert first.rc == 0, first.output
+    assert first.rc == 0, first.output[-4000:]
+    assert f"kernel {NEW} passed its trial boot" in first.output
+    assert twin.run("uname -r")[1].strip() == NEW
+    assert pinned(twin) == NEW
+    assert [a["kernel"] for a in boot_attempts(twin)] == [NEW]  # one boot, straight in
+    assert not (twin.root / "var/lib/gpuhost/trial").exists()
+    cmdline = (twin.root / "proc/cmdline").read_text().split()
+    assert "panic=10" in cmdline  # the trial boot carried them ...
+    for loader_file in ("etc/kernel/cmdline", "etc/default/grub.d/zz-gpuhost.cfg"):
+        if (twin.root / loader_file).exists():  # ... the committed loader files do not
+            assert "panic=10" not in (twin.root / loader_file).read_text()
+    assert audit(twin, inv) == {}
     second = deploy(inv)
-    print(second.output)
-    assert second.rc == 0
-    assert not second.changed
+    assert second.rc == 0 and not second.changed, second.output[-3000:]
+    assert second.reboots == 0 and "rebooting into" not in second.output
+
+
+def test_a_newer_kernel_installed_behind_gpuhosts_back_does_not_boot(fresh, tmp_path):
+    twin, inv = trial_twin(fresh, tmp_path, "systemd-boot")
+    assert deploy(inv).rc == 0
+    unpack_kernel(twin, NEWER)  # apt upgrade: its hook refreshes the ESPs
+    assert twin.run("proxmox-boot-tool refresh")[0] == 0
+    twin.reboot()
+    assert twin.run("uname -r")[1].strip() == NEW
+    again = deploy(inv)
+    assert again.rc == 0 and not again.changed, again.output[-3000:]
+
+
+def test_plain_grub_on_lvm_is_refused_with_the_ways_out(fresh, tmp_path):
+    twin, inv = trial_twin(fresh, tmp_path, "grub-lvm")
+    before = manifest(twin.root)
+    run = deploy(inv)
+    assert run.rc != 0
+    assert "no true one-shot on this host" in run.output, run.output[-5000:]
+    assert "proxmox-boot-tool init" in run.output and "without_oneshot" in run.output
+    assert manifest(twin.root) == before
+    assert twin.run("uname -r")[1].strip() == OLD
+
+
+def test_a_panicking_trial_kernel_comes_back_and_the_run_fails(fresh, tmp_path):
+    twin, inv = trial_twin(fresh, tmp_path, "systemd-boot", firmware="580.95.05")
+    first = deploy(inv)
+    assert first.rc != 0
+    assert f"the host is back on {OLD}" in first.output
+    assert "GSP firmware mismatch" in first.output  # the trial boot's own kernel log
+    assert "Traceback" not in first.output
+    assert [a["result"].split(";")[0] for a in boot_attempts(twin)] == ["panicked", "booted"]
+    assert twin.run("uname -r")[1].strip() == OLD and pinned(twin) == OLD
+    # not retried: the record stops the next run before anything changes
+    before = manifest(twin.root)
+    again = deploy(inv)
+    assert again.rc != 0 and "did not come up" in again.output
+    assert manifest(twin.root) == before
+    # fixed (the driver's own firmware), record removed as the message says: it converges
+    plant_firmware(twin.root, VERSION)
+    assert twin.run("rm /var/lib/gpuhost/trial")[0] == 0
+    fixed = deploy(inv)
+    assert fixed.rc == 0, fixed.output[-4000:]
+    assert twin.run("uname -r")[1].strip() == NEW and pinned(twin) == NEW
+    assert not deploy(inv).changed
+
+
+def test_a_kernel_built_by_another_gcc_is_refused_before_anything_changes(fresh, tmp_path):
+    twin = fresh(fresh_kpro6(tmp_path, {}))
+    unpack_kernel(twin, NEW, gcc="gcc (Debian 13.2.0-25) 13.2.0")
+    spec = {
+        "kernel": {"version": NEW},
+        "toolchain": {"gcc": "12.2.0"},
+        "driver": {"version": VERSION},
+    }
+    inv = inventory(tmp_path / "inv.py", twin, spec)
+    before = manifest(twin.root)
+    run = deploy(inv)
+    assert run.rc != 0
+    assert "13.2.0" in run.output and "12.2.0" in run.output
+    assert manifest(twin.root) == before
+
+
+def test_dry_run_changes_nothing(fresh, tmp_path):
+    twin, inv = trial_twin(fresh, tmp_path, "systemd-boot")
+    before = manifest(twin.root)
+    dry = deploy(inv, "--dry")
+    assert dry.rc == 0, dry.output[-3000:]
+    assert "trial boot of" in dry.output
+    assert manifest(twin.root) == before
+    assert twin.run("uname -r")[1].strip() == OLD

@@ -12,6 +12,8 @@ from __future__ import annotations
 from .bootctl import bootctl
 from .common import hwsim, root
 from .esp_mount import mount, umount
+from .findmnt import findmnt
+from .journal import journalctl
 from .kernel import dmesg, uname
 from .kmod import depmod, lsmod, modinfo, modprobe
 from .lspci import lspci
@@ -31,6 +33,8 @@ TOOLS = {
     "bootctl": bootctl,
     "mount": mount,
     "umount": umount,
+    "journalctl": journalctl,
+    "findmnt": findmnt,
 }
 
 

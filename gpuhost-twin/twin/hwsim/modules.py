@@ -186,6 +186,14 @@ class KernelModules(Machine):
             self.klog("NVRM: None of the NVIDIA devices were initialized.")
             why = f"no GSP firmware /lib/firmware/nvidia/{info.get('version', '')}/gsp_*.bin"
             err = "No such device"
+        elif name == "nvidia" and self.gsp_mismatch(info.get("version", "")):
+            self.klog(
+                f"NVRM: RmInitAdapter: GSP firmware mismatch ({self.gsp_mismatch(info.get('version', ''))})"
+            )
+            self.klog("BUG: kernel NULL pointer dereference, address: 0000000000000008")
+            self.klog("Oops: 0000 [#1] PREEMPT SMP NOPTI")
+            why = f"GSP firmware mismatch: {self.gsp_mismatch(info.get('version', ''))}"
+            err = "No such device"
         else:
             return ""
         if name == "nvidia":
@@ -195,6 +203,13 @@ class KernelModules(Machine):
                 "ko": str(ko.relative_to(self.root)),
             }
         return f"modprobe: ERROR: could not insert '{name}': {err}"
+
+    def gsp_mismatch(self, version: str) -> str:
+        """Releases of the blobs under nvidia/<version>/ that are not version ('' if none)."""
+        blobs = sorted(self.p(f"lib/firmware/nvidia/{version}").glob("gsp_*.bin"))
+        found = {b.read_bytes().removeprefix(b"twin GSP firmware ").strip().decode() for b in blobs}
+        wrong = sorted(found - {version})
+        return f"GSP firmware {', '.join(wrong)} under nvidia/{version}" if wrong else ""
 
     def _gsp_firmware(self, version: str) -> bool:
         fw = self.p(f"lib/firmware/nvidia/{version}")
