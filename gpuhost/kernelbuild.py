@@ -4,7 +4,8 @@ A recipe names everything the packages depend on: the source tree, the base conf
 or a make target such as tinyconfig), the spec's config fragment, LOCALVERSION, the compiler
 and the Debian package version. The build runs out of tree (``make O=<work>/obj``), so the
 source stays clean and one unpacked tree serves any number of configs; ``make bindeb-pkg``
-leaves its .debs in the parent of the object directory.
+leaves its .debs in the parent of the object directory. Every make call names ARCH for this
+machine (ARCH=x86_64 on x86_64: left to the kernel, tinyconfig there makes a 32-bit kernel).
 
 Before anything is compiled for the kernel itself, the recipe's inputs are hashed (the tree's
 file list with sizes and mtimes, the config inputs, the compiler binary's bytes) and looked up
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -39,6 +41,18 @@ KERNEL_JOB_BYTES = 3 * GIB // 2
 RESERVE_BYTES = 2 * GIB
 _CC_TEXT = re.compile(r'^CONFIG_CC_VERSION_TEXT="(?P<text>[^"\n]*)"$', re.M)
 _MAKEFILE_VAR = re.compile(r"^(VERSION|PATCHLEVEL|SUBLEVEL|EXTRAVERSION)\s*=\s*(\S*)\s*$", re.M)
+
+
+# The kernel's ARCH for a machine (`uname -m`). Left unset, the kernel takes ARCH from uname as
+# its SUBARCH, which on x86_64 is "x86": Kconfig then asks whether to build a 64-bit kernel, and
+# tinyconfig/allnoconfig answer no, so an x86_64 machine would build a 32-bit i386 kernel.
+# ARCH=x86_64 makes 64BIT a fixed yes. A machine not listed here passes no ARCH.
+MACHINE_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def machine_arch(machine: str | None = None) -> str:
+    """The ARCH= a native build on this machine (or ``machine``) uses; "" for make's own."""
+    return MACHINE_ARCH.get(machine if machine is not None else platform.machine(), "")
 
 
 class KernelBuildError(RuntimeError):
@@ -64,6 +78,7 @@ class KernelRecipe:
     cc: str = "gcc-12"  # the compiler command (CC=)
     fragment: dict[str, str] = field(default_factory=dict)  # CONFIG_X -> y/m/n/number/text
     pkgversion: str = "1"  # KDEB_PKGVERSION: the .debs' Debian version
+    arch: str = field(default_factory=machine_arch)  # ARCH= ("" passes none): this machine's
 
 
 @dataclass(frozen=True)
@@ -171,6 +186,7 @@ def inputs_hash(recipe: KernelRecipe) -> str:
         "localversion": recipe.localversion,
         "cc": [recipe.cc, _file_sha256(Path(os.path.realpath(cc)))],
         "pkgversion": recipe.pkgversion,
+        "arch": recipe.arch,
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
@@ -191,14 +207,16 @@ def _remember(store: ArtifactStore, digest: str, key: ArtifactKey) -> None:
     tmp.rename(index)
 
 
-def _make(recipe: KernelRecipe, obj: Path, *targets: str, jobs: int = 1) -> str:
-    # CC and LOCALVERSION go to every make call: Kconfig records the compiler in .config and
-    # kernelrelease reads LOCALVERSION, so a call without them would see another kernel.
-    argv = [
+def make_argv(recipe: KernelRecipe, obj: Path, *targets: str, jobs: int = 1) -> list[str]:
+    # ARCH, CC and LOCALVERSION go to every make call: Kconfig records the compiler in .config,
+    # the architecture decides what the config even offers and kernelrelease reads LOCALVERSION,
+    # so a call without them would see another kernel.
+    return [
         "make",
         "-C",
         str(recipe.tree),
         f"O={obj}",
+        *([f"ARCH={recipe.arch}"] if recipe.arch else []),
         f"CC={recipe.cc}",
         f"HOSTCC={recipe.cc}",
         f"LOCALVERSION={recipe.localversion}",
@@ -206,6 +224,10 @@ def _make(recipe: KernelRecipe, obj: Path, *targets: str, jobs: int = 1) -> str:
         f"-j{int(jobs)}",
         *targets,
     ]
+
+
+def _make(recipe: KernelRecipe, obj: Path, *targets: str, jobs: int = 1) -> str:
+    argv = make_argv(recipe, obj, *targets, jobs=jobs)
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise KernelBuildError(

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import platform
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,10 +17,14 @@ from gpuhost.inventory import SpecError, validate_spec
 from gpuhost.kernelbuild import (
     GIB,
     KernelBuildError,
+    KernelRecipe,
     _jobs,
     compiler_text,
     config_hash,
     fragment_lines,
+    inputs_hash,
+    machine_arch,
+    make_argv,
     tree_version,
 )
 from gpuhost.spec import HostSpec
@@ -86,6 +93,51 @@ def test_tree_version_reads_the_makefile(tmp_path):
     assert tree_version(tmp_path) == "6.14.8"
     with pytest.raises(KernelBuildError, match="must be a kernel source tree"):
         tree_version(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    ("machine", "arch"),
+    [("x86_64", "x86_64"), ("aarch64", "arm64"), ("riscv64", "")],
+)
+def test_arch_is_the_machines_own(machine, arch):
+    # Unset, ARCH is the kernel's SUBARCH "x86", whose tinyconfig is a 32-bit i386 kernel.
+    assert machine_arch(machine) == arch
+
+
+def test_every_make_call_names_arch_and_compiler(tmp_path):
+    recipe = KernelRecipe(
+        tree=tmp_path,
+        base_config="tinyconfig",
+        release="6.1.1-1-pve",
+        localversion="-1-pve",
+        arch="x86_64",
+    )
+    argv = make_argv(recipe, tmp_path / "obj", "-s", "kernelrelease")
+    assert argv[:5] == ["make", "-C", str(tmp_path), f"O={tmp_path}/obj", "ARCH=x86_64"]
+    assert {"CC=gcc-12", "HOSTCC=gcc-12", "LOCALVERSION=-1-pve"} <= set(argv)
+    assert argv[-2:] == ["-s", "kernelrelease"]
+    native = KernelRecipe(
+        tree=tmp_path,
+        base_config="tinyconfig",
+        release="6.1.1-1-pve",
+        localversion="-1-pve",
+        arch="",
+    )
+    assert not [a for a in make_argv(native, tmp_path / "obj") if a.startswith("ARCH=")]
+
+
+def test_the_default_arch_is_this_machines_and_part_of_the_inputs(tmp_path):
+    if shutil.which("gcc-12") is None:
+        pytest.skip("needs gcc-12 (./gpuhost-setup installs it)")
+    (tmp_path / "Makefile").write_text("VERSION = 6\nPATCHLEVEL = 1\nSUBLEVEL = 1\n")
+    recipe = KernelRecipe(
+        tree=tmp_path, base_config="tinyconfig", release="6.1.1-1-pve", localversion="-1-pve"
+    )
+    assert recipe.arch == machine_arch(platform.machine())
+    if platform.machine() == "x86_64":
+        assert recipe.arch == "x86_64"
+    assert inputs_hash(recipe) == inputs_hash(dataclasses.replace(recipe))
+    assert inputs_hash(recipe) != inputs_hash(dataclasses.replace(recipe, arch="i386"))
 
 
 def test_spec_fields_and_defaults():
