@@ -158,7 +158,9 @@ class DriverSpec(Model):
         description="Build the open kernel modules. Required for Blackwell and newer GPUs.",
     )
     source: DriverSource | None = Field(
-        None, description="Build and install the kernel modules from this tree; None: not managed."
+        None,
+        description="Build and install the kernel modules from this tree (and, with its "
+        "installer, the userspace and firmware); None: not managed.",
     )
 
     @model_validator(mode="after")
