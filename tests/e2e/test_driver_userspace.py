@@ -29,7 +29,10 @@ def spec(store: Path, installer: Path) -> dict:
 
 
 def userspace(twin: TwinHandle) -> list[str]:
-    return sorted(p.name for p in (twin.root / LIBDIR).glob("lib*.so.*.*"))
+    libdir = twin.root / LIBDIR
+    return sorted(
+        p.name for lib in ("libcuda", "libnvidia-ml") for p in libdir.glob(f"{lib}.so.*.*")
+    )
 
 
 def test_installed_at_the_version_before_the_reboot_then_converged(fresh, tmp_path):
@@ -65,7 +68,7 @@ def test_installed_at_the_version_before_the_reboot_then_converged(fresh, tmp_pa
     again = deploy(inv)
     assert again.rc == 0, again.output
     assert not again.changed, again.output
-    assert "userspace and GSP firmware are installed" in again.output
+    assert f"NVIDIA {VERSION} userspace and GSP firmware (no kernel modules)" in again.output
 
 
 def test_another_version_is_refused_before_anything_changes(fresh, tmp_path):
