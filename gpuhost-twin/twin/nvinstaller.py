@@ -6,7 +6,8 @@ takes the options of nvidia-installer that gpuhost uses (NVIDIA/nvidia-installer
 option_table.h: --silent/-s, --no-questions/-q, --ui=none, --accept-license/-a,
 --no-kernel-modules and its alias --no-kernel-module, --no-nouveau-check/-z, --no-x-check,
 --no-systemd, --no-dkms, --version/-v) and makeself's --extract-only/-x, and refuses any other
-option. It cannot build kernel modules: without --no-kernel-modules it stops with a message.
+option as nvgetopt does (`nvidia-installer: unrecognized option: "--x"`). It cannot build
+kernel modules: without --no-kernel-modules it stops with a message.
 
 With --no-kernel-modules it installs what gpuhost relies on, where the real one puts it:
 libcuda.so.<ver> and libnvidia-ml.so.<ver> (real libraries of that version, twin/userspace.py)
@@ -47,7 +48,7 @@ while [ $# -gt 0 ]; do
     --ui) shift; [ "$1" = none ] || { echo "ERROR: --ui: only 'none' here" >&2; exit 1; } ;;
     -x|--extract-only) extract=1 ;;
     -v|--version) echo "nvidia-installer:  version $VERSION"; exit 0 ;;
-    *) echo "ERROR: Unrecognized option: '$1'" >&2; exit 1 ;;
+    *) echo "nvidia-installer: unrecognized option: \\"$1\\"" >&2; exit 1 ;;
   esac
   shift
 done
