@@ -7,11 +7,14 @@ anything changes, and one whose file name lies is caught by the check after it r
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Deploy, deploy, inventory, manifest
+from tests.e2e.conftest import ROOT, Deploy, deploy, inventory, manifest
 from tests.e2e.test_driver_install import KERNEL, TREE, VERSION
 from twin.nvinstaller import build_installer
 from twin.pytest_plugin import TwinHandle
@@ -64,6 +67,27 @@ def test_installed_at_the_version_before_the_reboot_then_converged(fresh, tmp_pa
     assert rc == 0 and f"Open Kernel Module for x86_64  {VERSION}" in out, out + err
     rc, out, err = twin.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
     assert rc == 0 and out.split() == [VERSION, VERSION], out + err
+
+    # The audit's driver checks, against the same spec, pass on what the deploy left.
+    audit = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuhost.cli",
+            "audit",
+            str(inv),
+            "--json",
+            str(tmp_path / "a.json"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    results = json.loads((tmp_path / "a.json").read_text())["results"]
+    status = {r["check"]: r["status"] for r in results}
+    for check in ("driver.version", "driver.firmware", "driver.userspace", "driver.next_boot"):
+        assert status[check] == "passed", audit.stdout[-3000:]
 
     again = deploy(inv)
     assert again.rc == 0, again.output

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from pyinfra.context import ctx_host, ctx_state
 
+from deploys import context, userspace
 from facts._parse import UnparsedOutput
 from facts.driver_install import DriverUserspace, parse_userspace_state
 from facts.snapshot import split_combined
@@ -18,6 +20,7 @@ from gpuhost.plan import PlanError, make_plan
 from gpuhost.spec import HostSpec
 from gpuhost.userspaceplan import PERSISTENCED_UNIT, PERSISTENCED_WANTS
 from tests.unit.hosts import kpro6, kpro6_raw, pci_lines
+from tests.unit.test_operations import FakeHost
 
 CAPTURE = Path(__file__).parents[1] / "fixtures/captures/h200x1-audit-run/audit-host.out"
 VERSION = "595.71.05"
@@ -187,3 +190,77 @@ def test_the_fact_command_runs_here() -> None:
         ["sh", "-c", DriverUserspace().command()], capture_output=True, text=True, check=True
     ).stdout
     parse_userspace_state(out.splitlines())
+
+
+class UserspaceHost(FakeHost):
+    """A host whose DriverUserspace fact answers ``lines`` (the batched fact as FakeHost's)."""
+
+    def __init__(self, files: dict, lines: list[str]) -> None:
+        super().__init__(files)
+        self.lines = lines
+
+    def get_fact(self, cls, **kwargs):
+        if cls is DriverUserspace:
+            return parse_userspace_state(self.lines)
+        return super().get_fact(cls, **kwargs)
+
+
+def state(version: str, user: bool = True) -> list[str]:
+    lib = "/usr/lib/x86_64-linux-gnu"
+    return [
+        "#section=userspace",
+        f"{lib}/libcuda.so.{version}",
+        f"{lib}/libnvidia-ml.so.{version}",
+        "#section=firmware",
+        f"/lib/firmware/nvidia/{version}/gsp_ga10x.bin",
+        "#section=persistenced",
+        "binary=yes",
+        *(["user=yes"] if user else []),
+        "#section=fabric",
+        "package=",
+        "active=",
+    ]
+
+
+def commands(host: UserspaceHost) -> list[str]:
+    wanted = make_plan("kpro6", HostSpec.model_validate(spec(installer=RUN)), kpro6())
+    context._observed.clear()
+    with ctx_host.use(host), ctx_state.use(host.state):
+        out = [
+            c if isinstance(c, str) else f"upload {c.src} {c.dest}"
+            for c in userspace.userspace_installed._inner(wanted=wanted.driver_userspace)
+        ]
+    context._observed.clear()
+    return out
+
+
+def test_the_installed_version_is_left_alone() -> None:
+    host = UserspaceHost({}, state(VERSION))
+    assert commands(host) == []
+    assert host.noops == [f"NVIDIA {VERSION} userspace and GSP firmware are installed"]
+
+
+@pytest.mark.parametrize(
+    ("files", "lines"),
+    [
+        ({}, state("580.159.04")),  # another version
+        ({"/var/lib/gpuhost/pending-userspace": ""}, state(VERSION)),  # a run killed midway
+    ],
+)
+def test_otherwise_the_installer_runs_without_kernel_modules_and_is_checked(files, lines) -> None:
+    host = UserspaceHost(files, lines)
+    remote = f"/var/lib/gpuhost/driver-installer/NVIDIA-Linux-x86_64-{VERSION}.run"
+    mark, upload, install = commands(host)
+    assert mark.endswith("touch /var/lib/gpuhost/pending-userspace")
+    assert upload == f"upload {RUN} {remote}"
+    assert install.startswith(
+        f"sh {remote} --silent --no-kernel-modules --no-nouveau-check --accept-license && "
+    )
+    assert f"wanted driver {VERSION}" in install
+    assert install.endswith(f"rm -f {remote} /var/lib/gpuhost/pending-userspace")
+    assert host.noops == []
+
+
+def test_the_daemons_user_is_made_when_missing() -> None:
+    (useradd,) = commands(UserspaceHost({}, state(VERSION, user=False)))
+    assert "useradd --system" in useradd and useradd.endswith(" nvidia-persistenced")
