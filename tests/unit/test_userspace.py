@@ -264,3 +264,32 @@ def test_otherwise_the_installer_runs_without_kernel_modules_and_is_checked(file
 def test_the_daemons_user_is_made_when_missing() -> None:
     (useradd,) = commands(UserspaceHost({}, state(VERSION, user=False)))
     assert "useradd --system" in useradd and useradd.endswith(" nvidia-persistenced")
+
+
+def fabric_commands(package: str) -> tuple[list[str], list[str]]:
+    spec_ = HostSpec.model_validate(spec(installer=RUN, fabricmanager=FABRIC))
+    wanted = make_plan("kpro6", spec_, kpro6(**with_nvswitch())).driver_userspace
+    lines = [line if line != "package=" else f"package={package}" for line in state(VERSION)]
+    host = UserspaceHost({}, lines)
+    context._observed.clear()
+    with ctx_host.use(host), ctx_state.use(host.state):
+        out = [
+            c if isinstance(c, str) else f"upload {c.src} {c.dest}"
+            for c in userspace.fabricmanager_installed._inner(wanted=wanted)
+        ]
+    context._observed.clear()
+    return out, host.noops
+
+
+def test_the_fabric_manager_of_the_version_is_installed_and_enabled() -> None:
+    assert fabric_commands(f"{VERSION}-1") == (
+        [],
+        [f"nvidia-fabricmanager {VERSION} is installed"],
+    )
+    (mkdir, upload, install), _ = fabric_commands("580.105.08-1")
+    assert mkdir == "mkdir -p /var/lib/gpuhost/driver-installer"
+    remote = f"/var/lib/gpuhost/driver-installer/{FABRIC.rsplit('/')[-1]}"
+    assert upload == f"upload {FABRIC} {remote}"
+    assert install.startswith(f"dpkg -i {remote} && ")
+    assert f"wanted {VERSION}" in install
+    assert "systemctl enable nvidia-fabricmanager.service" in install
