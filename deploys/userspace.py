@@ -7,6 +7,7 @@ firmware in /lib/firmware/nvidia/<version>/, /usr/bin/nvidia-persistenced. It ru
 --no-kernel-modules: the modules are gpuhost's own build (deploys/driver.py). Its flags are
 nvidia-installer's (option_table.h in NVIDIA/nvidia-installer): --silent (no questions, no
 ncurses UI), --no-kernel-modules (the current name; --no-kernel-module is an alias),
+--no-kernel-module-source (no module source tree in /usr/src either),
 --no-nouveau-check (nouveau may still be loaded before the reboot that gpuhost's blacklist
 takes effect in), --accept-license (obsolete and ignored by current installers, required by old
 ones). A no-kernel-modules run still installs the manifest's FIRMWARE entries into
@@ -33,7 +34,7 @@ from gpuhost.userspaceplan import FABRICMANAGER_UNIT, INSTALLER_DIR
 from gpuhost.userspaceplan import DriverUserspace as WantedUserspace
 
 PENDING = f"{STATE_DIR}/pending-userspace"
-INSTALLER_FLAGS = "--silent --no-kernel-modules --no-nouveau-check --accept-license"
+INSTALLER_FLAGS = "--silent --no-kernel-modules --no-kernel-module-source --no-nouveau-check --accept-license"
 
 
 def _verify(version: str) -> str:

@@ -4,7 +4,8 @@ Like the real one it is a self-extracting shell script (a makeself header with a
 after it) with the real file name, run as ``sh NVIDIA-Linux-x86_64-<ver>.run [options]``. It
 takes the options of nvidia-installer that gpuhost uses (NVIDIA/nvidia-installer's
 option_table.h: --silent/-s, --no-questions/-q, --ui=none, --accept-license/-a,
---no-kernel-modules and its alias --no-kernel-module, --no-nouveau-check/-z, --no-x-check,
+--no-kernel-modules and its alias --no-kernel-module, --no-kernel-module-source,
+--no-nouveau-check/-z, --no-x-check,
 --no-systemd, --no-dkms, --version/-v) and makeself's --extract-only/-x, and refuses any other
 option as nvgetopt does (`nvidia-installer: unrecognized option: "--x"`). It cannot build
 kernel modules: without --no-kernel-modules it stops with a message.
@@ -43,7 +44,7 @@ nokm=0 extract=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -s|--silent|-q|--no-questions|--ui=none|-a|--accept-license|-z|--no-nouveau-check) ;;
-    --no-x-check|--no-systemd|--no-dkms) ;;
+    --no-x-check|--no-systemd|--no-dkms|--no-kernel-module-source) ;;
     --no-kernel-modules|--no-kernel-module) nokm=1 ;;
     --ui) shift; [ "$1" = none ] || { echo "ERROR: --ui: only 'none' here" >&2; exit 1; } ;;
     -x|--extract-only) extract=1 ;;

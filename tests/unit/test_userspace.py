@@ -254,7 +254,7 @@ def test_otherwise_the_installer_runs_without_kernel_modules_and_is_checked(file
     assert mark.endswith("touch /var/lib/gpuhost/pending-userspace")
     assert upload == f"upload {RUN} {remote}"
     assert install.startswith(
-        f"sh {remote} --silent --no-kernel-modules --no-nouveau-check --accept-license && "
+        f"sh {remote} --silent --no-kernel-modules --no-kernel-module-source --no-nouveau-check --accept-license && "
     )
     assert f"wanted driver {VERSION}" in install
     assert install.endswith(f"rm -f {remote} /var/lib/gpuhost/pending-userspace")
