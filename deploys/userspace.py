@@ -34,7 +34,9 @@ from gpuhost.userspaceplan import FABRICMANAGER_UNIT, INSTALLER_DIR
 from gpuhost.userspaceplan import DriverUserspace as WantedUserspace
 
 PENDING = f"{STATE_DIR}/pending-userspace"
-INSTALLER_FLAGS = "--silent --no-kernel-modules --no-kernel-module-source --no-nouveau-check --accept-license"
+INSTALLER_FLAGS = (
+    "--silent --no-kernel-modules --no-kernel-module-source --no-nouveau-check --accept-license"
+)
 
 
 def _verify(version: str) -> str:
