@@ -4,6 +4,8 @@ The nvidia driver creates no device nodes, so a unit (files/gpuhost-nvidia-devic
 them after the modules load and before pve-guests.service starts the guests; it is enabled by its
 multi-user.target.wants link. The trial deadline timer (files/gpuhost-trial-deadline.*) reboots
 a trial kernel's boot that gpuhost has not confirmed in time; without a trial it does nothing.
+With driver.source.installer, nvidia-persistenced's unit (gpuhost-nvidia-persistenced.service)
+is enabled the same way.
 """
 
 from __future__ import annotations
@@ -16,4 +18,4 @@ from gpuhost.plan import Plan
 
 @deploy("NVIDIA device nodes")
 def configure(plan: Plan) -> None:
-    apply_files(plan, ("devices", "trial"), "systemd", "Boot units")
+    apply_files(plan, ("devices", "trial", "userspace"), "systemd", "Boot units")

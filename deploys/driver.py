@@ -10,7 +10,7 @@ Installed modules go to /lib/modules/<kernel>/updates/gpuhost/ and are compared 
 the store's manifest (one fact), so a converged run changes nothing. Before an install counts as
 done, ``modinfo -k <kernel>`` must show the kernel's release in the nvidia module's vermagic.
 
-Not applied yet: the driver's userspace, GSP firmware, nvidia-persistenced and fabric manager.
+The userspace, GSP firmware, persistence daemon and fabric manager: deploys/userspace.py.
 """
 
 from __future__ import annotations

@@ -7,12 +7,23 @@ on it (deploys/trial_boot.py); otherwise the host reboots only if it needs to.
 The kernel (from apt or the artifact store) is installed after the running one is pinned, then
 the NVIDIA modules for it (only where the spec sets driver.source): a store without the kernel,
 or a module build refused for its compiler, stops the run before anything changes, and a reboot
-never precedes them.
+never precedes them. With driver.source.installer the userspace and GSP firmware of the same
+version follow (deploys/userspace.py), still before any reboot.
 """
 
 from pyinfra import host
 
-from deploys import boot_cmdline, context, devices, driver, kernel, modules, reboot, trial_boot
+from deploys import (
+    boot_cmdline,
+    context,
+    devices,
+    driver,
+    kernel,
+    modules,
+    reboot,
+    trial_boot,
+    userspace,
+)
 from gpuhost.trialstate import Step
 
 plan = context.plan(host)
@@ -20,6 +31,7 @@ trial_boot.preflight(plan)
 trial_boot.before_install(name="Room for a new kernel; pin the running one", plan=plan)
 new_kernel = kernel.configure(plan)
 driver.configure(plan, new_kernel.compiler if new_kernel is not None else None)
+userspace.configure(plan)  # before any reboot: the open module needs its GSP firmware to load
 boot_cmdline.configure(plan)
 modules.configure(plan)
 devices.configure(plan)

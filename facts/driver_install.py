@@ -1,14 +1,24 @@
-"""What the NVIDIA module deploy compares against: the installed modules' hashes, and what a
-build on the host may use (cores, available memory)."""
+"""What the NVIDIA driver deploys compare against: the installed modules' hashes, what a build
+on the host may use (cores, available memory), and the installed userspace and firmware."""
 
 from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
 from facts._parse import UnparsedOutput
+from facts.nvidia import (
+    FabricManager,
+    GspFirmwareFiles,
+    NvidiaFabricManager,
+    NvidiaUserspace,
+    parse_fabricmanager,
+    parse_firmware_files,
+    parse_userspace,
+)
 
 # Written before modules are replaced, removed once depmod and the vermagic check passed: a run
 # killed in between leaves it, and the next run installs again instead of trusting the hashes.
@@ -73,3 +83,77 @@ class BuildResources(FactBase[tuple[int, int]]):
 
     def process(self, output: list[str]) -> tuple[int, int]:
         return parse_build_resources(output)
+
+
+# --- the driver's userspace, firmware, persistence daemon and fabric manager --------------------
+
+PERSISTENCED = "/usr/bin/nvidia-persistenced"
+PERSISTENCED_USER = "nvidia-persistenced"  # the user NVIDIA's sample unit runs the daemon as
+
+
+@dataclass(frozen=True)
+class UserspaceState:
+    """What the host shows of the driver outside its kernel modules."""
+
+    libraries: dict[str, list[str]]  # libcuda / libnvidia-ml -> versions the loader resolves
+    firmware: dict[str, list[str]]  # driver version -> gsp_*.bin under /lib/firmware/nvidia/
+    persistenced: bool  # /usr/bin/nvidia-persistenced is there
+    persistenced_user: bool  # the daemon's user exists
+    fabric: FabricManager
+
+    def installed(self, version: str) -> bool:
+        """The userspace and GSP firmware of exactly ``version``, and nothing of another."""
+        return (
+            self.libraries == {"libcuda": [version], "libnvidia-ml": [version]}
+            and bool(self.firmware.get(version))
+            and self.persistenced
+        )
+
+
+_SECTIONS = ("userspace", "firmware", "persistenced", "fabric")
+
+
+def parse_userspace_state(lines: list[str]) -> UserspaceState:
+    parts: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        if line.startswith("#section="):
+            current = parts.setdefault(line.removeprefix("#section="), [])
+        elif current is None:
+            raise UnparsedOutput("NVIDIA userspace state", line, "before any section")
+        elif line.strip():
+            current.append(line)
+    if sorted(parts) != sorted(_SECTIONS):
+        raise UnparsedOutput("NVIDIA userspace state", " ".join(parts), "missing sections")
+    flags = dict(line.partition("=")[::2] for line in parts["persistenced"])
+    return UserspaceState(
+        libraries=parse_userspace(parts["userspace"]),
+        firmware=parse_firmware_files(parts["firmware"]),
+        persistenced=flags.get("binary") == "yes",
+        persistenced_user=flags.get("user") == "yes",
+        fabric=parse_fabricmanager(parts["fabric"]),
+    )
+
+
+class DriverUserspace(FactBase[UserspaceState]):
+    """
+    Returns the userspace libraries' versions (as the loader resolves them), the GSP firmware
+    on disk, whether nvidia-persistenced and its user are there, and the fabric manager: the
+    audit's own facts (NvidiaUserspace, GspFirmwareFiles, NvidiaFabricManager) in one command.
+    """
+
+    def command(self) -> str:
+        persistenced = (
+            f"[ -x {PERSISTENCED} ] && echo binary=yes; "
+            f"getent passwd {PERSISTENCED_USER} >/dev/null && echo user=yes; true"
+        )
+        parts = (
+            ("userspace", NvidiaUserspace().command()),
+            ("firmware", GspFirmwareFiles().command()),
+            ("persistenced", persistenced),
+            ("fabric", NvidiaFabricManager().command()),
+        )
+        return "; ".join(f"echo '#section={name}'; {{ {cmd}; }}" for name, cmd in parts)
+
+    def process(self, output: list[str]) -> UserspaceState:
+        return parse_userspace_state(output)

@@ -102,6 +102,12 @@ def parse_pci_devices(lines: list[str]) -> dict[str, PciDevice]:
     return devices
 
 
+def nvswitches(pci: dict[str, PciDevice]) -> list[str]:
+    """BDFs of the NVSwitches on the bus (NVIDIA, class 0680xx "other bridge"): boards with them
+    need nvidia-fabricmanager before CUDA starts."""
+    return [d.bdf for d in pci.values() if d.vendor == "10de" and d.class_code.startswith("0680")]
+
+
 class PciDevices(FactBase[dict[str, PciDevice]]):
     """
     Returns every PCI device by BDF, with ids, class, bound driver, driver_override,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from gpuhost import bootconf, modconf
 from gpuhost.driverplan import DriverModules, plan_driver_modules
 from gpuhost.gpus import model_name, needs_open_modules
+from gpuhost.guestdevices import guest_devices
 from gpuhost.hostfacts import HostFacts
 from gpuhost.iommu import plan_iommu
 from gpuhost.p2p import plan_p2p
@@ -37,9 +38,16 @@ from gpuhost.split import (
     owner_of_guest,
     slot,
 )
-from gpuhost.trialboot import TrialBoot, plan_trial_boot, trial_cmdline_names
-from gpuhost.trialstate import RECORD as TRIAL_RECORD
-from gpuhost.trialstate import Step, TrialRecord, next_step
+from gpuhost.trialboot import TrialBoot, trial_cmdline_names
+from gpuhost.trialplan import plan_trial
+from gpuhost.trialstate import Step
+from gpuhost.userspaceplan import (
+    PERSISTENCED_UNIT,
+    PERSISTENCED_WANTS,
+    DriverUserspace,
+    persistenced_unit,
+    plan_driver_userspace,
+)
 
 __all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan"]
 
@@ -76,7 +84,7 @@ class ManagedFile:
 
     path: str
     content: str | None
-    concern: str  # "cmdline" | "modules" | "devices" | "trial"
+    concern: str  # "cmdline" | "modules" | "devices" | "trial" | "userspace"
     mode: str = "644"
     link: str | None = None  # a symlink to this target instead of content
 
@@ -141,6 +149,7 @@ class Plan:
     trial_commit_files: dict[str, ManagedFile] = field(default_factory=dict)
     target_kernel: str = ""  # spec.kernel.version
     driver_modules: DriverModules | None = None  # None: the spec leaves them unmanaged
+    driver_userspace: DriverUserspace | None = None  # None: no driver.source.installer
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -260,7 +269,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
             "loaded into it (rebuild the kernel with the toolchain, or set toolchain.gcc)"
         )
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
-    trial, step, trial_params = _trial(spec, facts, problems)
+    trial, step, trial_params = plan_trial(spec, facts, problems)
     boot, passthrough = _boot_config(spec, facts, loader, problems, notes, trial_params)
     # What the loader's files become at the trial's commit, in the run that commits it: without
     # the trial's panic parameters (its commit refreshes the loader), so the next run is a no-op.
@@ -372,6 +381,13 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     files[modconf.TRIAL_WANTS] = ManagedFile(
         modconf.TRIAL_WANTS, None, "trial", link=modconf.TRIAL_TIMER
     )
+    # The persistence daemon's boot unit, with the userspace that brings its binary.
+    userspace = plan_driver_userspace(spec, facts, problems)
+    unit = persistenced_unit(userspace)
+    files[PERSISTENCED_UNIT] = ManagedFile(PERSISTENCED_UNIT, unit, "userspace")
+    files[PERSISTENCED_WANTS] = ManagedFile(
+        PERSISTENCED_WANTS, None, "userspace", link=PERSISTENCED_UNIT if unit else None
+    )
 
     tool = facts.boot_tool
     refresh = "proxmox-boot-tool refresh" if tool is not None and tool.configured else "update-grub"
@@ -381,7 +397,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         FollowUp(
             "systemd",
             "systemctl daemon-reload",
-            (modconf.DEVICES_UNIT, modconf.TRIAL_UNIT, modconf.TRIAL_TIMER),
+            (modconf.DEVICES_UNIT, modconf.TRIAL_UNIT, modconf.TRIAL_TIMER, PERSISTENCED_UNIT),
         ),
     ]
 
@@ -397,7 +413,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     if problems:
         raise PlanError(host, problems, source)
 
-    lxc_nodes, vm_functions = _guest_devices(assignments, facts)
+    lxc_nodes, vm_functions = guest_devices(assignments, facts)
     if problems:
         raise PlanError(host, problems, source)
     expected = [p for p in running if p not in remove]
@@ -434,69 +450,5 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         trial_commit_files=after_trial,
         target_kernel=spec.kernel.version,
         driver_modules=plan_driver_modules(spec, facts),
+        driver_userspace=userspace,
     )
-
-
-# The nodes every GPU container needs besides its GPUs' own: the control device and UVM
-# (CUDA's unified memory; cuInit fails without it).
-LXC_COMMON_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-
-
-def _guest_devices(
-    assignments: list[GpuAssignment], facts: HostFacts
-) -> tuple[dict[int, tuple[str, ...]], dict[int, tuple[str, ...]]]:
-    """Device nodes per container and PCI functions per VM, from the GPU table."""
-    # The driver numbers GPUs (/dev/nvidiaN) in the order it probes them, which its
-    # information file states; a GPU not on nvidia yet gets its rank among those that will be.
-    on_nvidia = [a for a in assignments if a.driver_planned == "nvidia"]
-    minors: dict[str, str] = {}
-    for rank, a in enumerate(on_nvidia):
-        info = facts.gpu_information.get(a.bdf, {})
-        minors[a.bdf] = info.get("Device Minor", str(rank))
-    lxc: dict[int, list[str]] = {}
-    vm: dict[int, set[str]] = {}
-    for a in assignments:
-        if a.owner.kind == "lxc" and a.owner.id is not None:
-            lxc.setdefault(a.owner.id, []).append(f"/dev/nvidia{minors[a.bdf]}")
-        elif a.owner.kind == "vm" and a.owner.id is not None:
-            group = facts.iommu_groups.get(a.iommu_group, []) if a.iommu_group is not None else []
-            members = {bdf for bdf in group if bdf in facts.pci and not facts.pci[bdf].is_bridge}
-            vm.setdefault(a.owner.id, set()).update({a.bdf, *a.functions, *members})
-    return (
-        {ctid: (*nodes, *LXC_COMMON_NODES) for ctid, nodes in lxc.items()},
-        {vmid: tuple(sorted(bdfs)) for vmid, bdfs in vm.items()},
-    )
-
-
-def _trial(
-    spec: HostSpec, facts: HostFacts, problems: list[str]
-) -> tuple[TrialBoot | None, Step, tuple[str, ...]]:
-    """The trial boot of the planned kernel, which of its steps the host shows is due, and the
-    parameters its boot needs on the command line (panic=N and friends: a failing trial kernel
-    reboots into the default by itself). Those are wanted from the run that starts the trial
-    until the one that commits it; a kernel booted by other means is gated without them."""
-    try:
-        record = TrialRecord.parse((facts.files or {}).get(TRIAL_RECORD))
-    except ValueError as exc:
-        problems.append(str(exc))
-        return None, Step.CONVERGED, ()
-    running = facts.kernel.release
-    pinned = facts.boot_kernels.pinned if facts.boot_kernels is not None else None
-    step = next_step(record, spec.kernel.version, running, pinned, facts.boot_id)
-    if step is Step.CONVERGED:
-        return None, step, ()
-    # The kernel the trial falls back to: recorded when it started, else the one running now
-    # (or, on the planned kernel booted by other means, the pinned default it must replace).
-    previous = record.previous if record else pinned if step is Step.GATE else running
-    settings = spec.kernel.trial
-    trial = plan_trial_boot(
-        running=previous or running,
-        kernel=spec.kernel.version,
-        path=facts.boot_path,
-        tool=facts.boot_tool,
-        panic_timeout=settings.panic_timeout,
-        deadline_minutes=settings.deadline_minutes,
-        without_oneshot=settings.without_oneshot,
-    )
-    due = step is Step.START or (step is Step.GATE and record is not None)
-    return trial, step, trial.cmdline if due and trial.can_apply else ()

@@ -158,7 +158,7 @@ class DriverSpec(Model):
         description="Build the open kernel modules. Required for Blackwell and newer GPUs.",
     )
     source: DriverSource | None = Field(
-        None, description="Build and install the kernel modules from this tree; None: not managed."
+        None, description="Where the driver's modules and userspace come from; None: not managed."
     )
 
     @model_validator(mode="after")

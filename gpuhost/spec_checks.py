@@ -11,6 +11,7 @@ from gpuhost.grammar import (
     MACHINE_RE,
 )
 from gpuhost.redact import show
+from gpuhost.spec_driver import version_problems
 from gpuhost.values import (
     MAX_GPU_INDEX,
     MAX_ITEMS,
@@ -68,6 +69,8 @@ def cross_field_problems(data: object) -> list[Problem]:
                     NO_VALUE,
                 )
             )
+    for name, value, message in version_problems(data.get("driver")):
+        problems.append((("driver", "source", name), message, value))
     boot = data.get("boot")
     extra = boot.get("extra") if isinstance(boot, dict) else None
     if isinstance(extra, list):

@@ -27,6 +27,11 @@ NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 GSP_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
 
+def firmware_blob(version: str) -> bytes:
+    """The content of a twin GSP firmware file of driver ``version``."""
+    return b"twin GSP firmware " + version.encode() + b"\n"
+
+
 class ModuleBuildError(RuntimeError):
     """make failed; the message carries its output."""
 
@@ -147,7 +152,7 @@ def install_driver(
         fw = root / f"lib/firmware/nvidia/{version}"
         fw.mkdir(parents=True, exist_ok=True)
         for blob in GSP_FIRMWARE:
-            (fw / blob).write_bytes(b"twin GSP firmware " + version.encode() + b"\n")
+            (fw / blob).write_bytes(firmware_blob(version))
 
 
 class ModuleCache:

@@ -3,6 +3,7 @@ userspace, the next boot's modules, fabric manager."""
 
 from __future__ import annotations
 
+from facts.pci import nvswitches
 from gpuhost.audit.context import REDEPLOY, AuditContext
 from gpuhost.audit.model import Finding, NotApplicable, check
 
@@ -197,17 +198,9 @@ def driver_next_boot(ctx: AuditContext) -> list[Finding]:
     return findings
 
 
-def _nvswitches(ctx: AuditContext) -> list[str]:
-    return [
-        d.bdf
-        for d in ctx.host.facts.pci.values()
-        if d.vendor == "10de" and d.class_code.startswith("0680")
-    ]
-
-
 @check("driver.fabricmanager", "nvidia-fabricmanager at the driver's version, running")
 def driver_fabricmanager(ctx: AuditContext) -> list[Finding]:
-    switches = _nvswitches(ctx)
+    switches = nvswitches(ctx.host.facts.pci)
     if not switches:
         raise NotApplicable("no NVSwitch on the PCI bus")
     version, fabric, findings = ctx.driver_version, ctx.host.fabric, []

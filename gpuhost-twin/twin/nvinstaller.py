@@ -1,0 +1,116 @@
+"""A stand-in for NVIDIA's driver installer, `NVIDIA-Linux-x86_64-<ver>.run`, for twins.
+
+Like the real one it is a self-extracting shell script (a makeself header with a tar payload
+after it) with the real file name, run as ``sh NVIDIA-Linux-x86_64-<ver>.run [options]``. It
+takes the options of nvidia-installer that gpuhost uses (NVIDIA/nvidia-installer's
+option_table.h: --silent/-s, --no-questions/-q, --ui=none, --accept-license/-a,
+--no-kernel-modules and its alias --no-kernel-module, --no-kernel-module-source,
+--no-nouveau-check/-z, --no-x-check,
+--no-systemd, --no-dkms, --version/-v) and makeself's --extract-only/-x, and refuses any other
+option as nvgetopt does (`nvidia-installer: unrecognized option: "--x"`). It cannot build
+kernel modules: without --no-kernel-modules it stops with a message.
+
+With --no-kernel-modules it installs what gpuhost relies on, where the real one puts it:
+libcuda.so.<ver> and libnvidia-ml.so.<ver> (real libraries of that version, twin/userspace.py)
+with their .so.1 and .so links in /usr/lib/x86_64-linux-gnu (after removing another version's,
+as the real one uninstalls the previous driver), /usr/bin/nvidia-persistenced (a stand-in that
+forks and writes its pid file), and the GSP firmware /lib/firmware/nvidia/<ver>/gsp_*.bin
+(twin/modbuild.py's format); then ldconfig. It leaves nvidia-smi and nvidia-modprobe alone: the
+twin's shims (twin/hardware.py) stand in for them.
+
+    build_installer("595.71.05", Path("/tmp/nv"))   # -> /tmp/nv/NVIDIA-Linux-x86_64-595.71.05.run
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+from twin.modbuild import GSP_FIRMWARE, firmware_blob
+from twin.userspace import LIBDIR, UserspaceCache
+
+PERSISTENCED = """#!/bin/sh
+# gpuhost-twin stand-in for nvidia-persistenced: forks, keeps a pid file like the real daemon.
+mkdir -p /var/run/nvidia-persistenced
+( trap 'exit 0' TERM; while :; do sleep 3600; done ) &
+echo $! >/var/run/nvidia-persistenced/nvidia-persistenced.pid
+"""
+
+HEADER = """#!/bin/sh
+# Stand-in for NVIDIA-Linux-x86_64-@VERSION@.run, built by gpuhost-twin (twin/nvinstaller.py).
+VERSION=@VERSION@
+nokm=0 extract=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -s|--silent|-q|--no-questions|--ui=none|-a|--accept-license|-z|--no-nouveau-check) ;;
+    --no-x-check|--no-systemd|--no-dkms|--no-kernel-module-source) ;;
+    --no-kernel-modules|--no-kernel-module) nokm=1 ;;
+    --ui) shift; [ "$1" = none ] || { echo "ERROR: --ui: only 'none' here" >&2; exit 1; } ;;
+    -x|--extract-only) extract=1 ;;
+    -v|--version) echo "nvidia-installer:  version $VERSION"; exit 0 ;;
+    *) echo "nvidia-installer: unrecognized option: \\"$1\\"" >&2; exit 1 ;;
+  esac
+  shift
+done
+skip=$(awk '/^__PAYLOAD__$/ { print NR + 1; exit }' "$0")
+if [ "$extract" = 1 ]; then
+  mkdir -p "NVIDIA-Linux-x86_64-$VERSION" &&
+    tail -n +"$skip" "$0" | tar -xzf - -C "NVIDIA-Linux-x86_64-$VERSION"
+  exit $?
+fi
+if [ "$nokm" != 1 ]; then
+  echo "ERROR: this stand-in of NVIDIA-Linux-x86_64-$VERSION.run (gpuhost-twin) cannot build" \\
+    "kernel modules; run it with --no-kernel-modules" >&2
+  exit 1
+fi
+[ "$(id -u)" = 0 ] || { echo "ERROR: nvidia-installer must be run as root" >&2; exit 1; }
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+tail -n +"$skip" "$0" | tar -xzf - -C "$tmp" || exit 1
+lib=/@LIBDIR@
+mkdir -p "$lib" /usr/bin "/lib/firmware/nvidia/$VERSION" || exit 1
+for name in libcuda libnvidia-ml; do
+  rm -f "$lib/$name".so*
+  cp "$tmp/$name.so.$VERSION" "$lib/" && ln -s "$name.so.$VERSION" "$lib/$name.so.1" &&
+    ln -s "$name.so.1" "$lib/$name.so" || exit 1
+done
+cp "$tmp/nvidia-persistenced" /usr/bin/ && chmod 0755 /usr/bin/nvidia-persistenced || exit 1
+cp "$tmp"/firmware/gsp_*.bin "/lib/firmware/nvidia/$VERSION/" || exit 1
+ldconfig
+mkdir -p /var/log && echo "nvidia-installer $VERSION: installed (no kernel modules)" \\
+  >/var/log/nvidia-installer.log
+exit 0
+__PAYLOAD__
+"""
+
+
+def installer_name(version: str) -> str:
+    return f"NVIDIA-Linux-x86_64-{version}.run"
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    tar.addfile(info, io.BytesIO(data))
+
+
+def build_installer(
+    version: str, directory: Path, cache: UserspaceCache | None = None, name: str | None = None
+) -> Path:
+    """Write the stand-in installer of driver ``version`` into ``directory``; ``name``
+    overrides its file name (a misnamed installer, for tests)."""
+    libs = (cache or UserspaceCache()).build(version)
+    payload = io.BytesIO()
+    with tarfile.open(fileobj=payload, mode="w:gz") as tar:
+        for path in libs.values():
+            _add(tar, path.name, path.read_bytes(), 0o755)
+        _add(tar, "nvidia-persistenced", PERSISTENCED.encode(), 0o755)
+        for blob in GSP_FIRMWARE:
+            _add(tar, f"firmware/{blob}", firmware_blob(version))
+    header = HEADER.replace("@VERSION@", version).replace("@LIBDIR@", LIBDIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / (name or installer_name(version))
+    out.write_bytes(header.encode() + payload.getvalue())
+    out.chmod(0o755)
+    return out

@@ -1,0 +1,44 @@
+"""The Plan's trial boot: which step of it the host shows is due, and what its boot needs on
+the command line. Pure: from the spec and the host's facts (kept apart from plan.py)."""
+
+from __future__ import annotations
+
+from gpuhost.hostfacts import HostFacts
+from gpuhost.spec import HostSpec
+from gpuhost.trialboot import TrialBoot, plan_trial_boot
+from gpuhost.trialstate import RECORD as TRIAL_RECORD
+from gpuhost.trialstate import Step, TrialRecord, next_step
+
+
+def plan_trial(
+    spec: HostSpec, facts: HostFacts, problems: list[str]
+) -> tuple[TrialBoot | None, Step, tuple[str, ...]]:
+    """The trial boot of the planned kernel, which of its steps the host shows is due, and the
+    parameters its boot needs on the command line (panic=N and friends: a failing trial kernel
+    reboots into the default by itself). Those are wanted from the run that starts the trial
+    until the one that commits it; a kernel booted by other means is gated without them."""
+    try:
+        record = TrialRecord.parse((facts.files or {}).get(TRIAL_RECORD))
+    except ValueError as exc:
+        problems.append(str(exc))
+        return None, Step.CONVERGED, ()
+    running = facts.kernel.release
+    pinned = facts.boot_kernels.pinned if facts.boot_kernels is not None else None
+    step = next_step(record, spec.kernel.version, running, pinned, facts.boot_id)
+    if step is Step.CONVERGED:
+        return None, step, ()
+    # The kernel the trial falls back to: recorded when it started, else the one running now
+    # (or, on the planned kernel booted by other means, the pinned default it must replace).
+    previous = record.previous if record else pinned if step is Step.GATE else running
+    settings = spec.kernel.trial
+    trial = plan_trial_boot(
+        running=previous or running,
+        kernel=spec.kernel.version,
+        path=facts.boot_path,
+        tool=facts.boot_tool,
+        panic_timeout=settings.panic_timeout,
+        deadline_minutes=settings.deadline_minutes,
+        without_oneshot=settings.without_oneshot,
+    )
+    due = step is Step.START or (step is Step.GATE and record is not None)
+    return trial, step, trial.cmdline if due and trial.can_apply else ()
