@@ -95,19 +95,36 @@ class Machine:
             config = self.p(f"boot/config-{version}")
             if record.exists():  # written by hardware.add_kernel for kernels added later
                 info.update(json.loads(record.read_text()))
-            elif config.exists():
-                m = re.search(r'^CONFIG_CC_VERSION_TEXT="(.*)"$', config.read_text(), re.M)
+            elif config.exists():  # a real kernel package's (make bindeb-pkg)
+                text = config.read_text()
+                m = re.search(r'^CONFIG_CC_VERSION_TEXT="(.*)"$', text, re.M)
                 info["gcc"] = m.group(1) if m else ""
+                info["vermagic"] = config_vermagic(version, text)
         if not info.get("build"):
             stamp = re.sub(r"-pve$", "", version)
             info["build"] = f"#1 SMP PREEMPT_DYNAMIC PMX {stamp} (2025-03-16T19:18Z)"
-        info["vermagic"] = f"{version} SMP preempt mod_unload modversions"
+        info.setdefault("vermagic", f"{version} SMP preempt mod_unload modversions")
         return info
 
     def installed_kernels(self) -> list[str]:
         boot = self.p("boot")
         found = [f.name[len("vmlinuz-") :] for f in boot.glob("vmlinuz-*")] if boot.is_dir() else []
         return sorted(found, key=version_key)
+
+
+def config_vermagic(release: str, config: str) -> str:
+    """The vermagic a kernel of this .config gives its modules (include/linux/vermagic.h:
+    UTS_RELEASE, then "SMP ", "preempt "/"preempt_rt ", "mod_unload ", "modversions ")."""
+    on = set(re.findall(r"^(CONFIG_[A-Z0-9_]+)=y$", config, re.M))
+    words = [release]
+    words += ["SMP"] if "CONFIG_SMP" in on else []
+    if "CONFIG_PREEMPT_RT" in on:
+        words.append("preempt_rt")
+    elif "CONFIG_PREEMPT" in on:
+        words.append("preempt")
+    words += ["mod_unload"] if "CONFIG_MODULE_UNLOAD" in on else []
+    words += ["modversions"] if "CONFIG_MODVERSIONS" in on else []
+    return " ".join(words)
 
 
 @contextlib.contextmanager
