@@ -25,10 +25,14 @@ OLD = "6.8.12-9-pve"
 GCC = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0"
 
 
-def fresh_kpro6(tmp: Path) -> str:
-    """The kpro6 profile as the PVE 8 installer leaves it: one kernel (6.8.12-9-pve)."""
+def fresh_kpro6(tmp: Path, boot: dict | None = None) -> str:
+    """The kpro6 profile as the PVE 8 installer leaves it: one kernel (6.8.12-9-pve); ``boot``
+    changes its boot path (e.g. GRUB on the ESPs)."""
     data = yaml.safe_load((ROOT / "gpuhost-twin/twin/profiles/kpro6.yaml").read_text())
     data["kernels"] = [{"version": OLD, "gcc": GCC}]
+    data["boot"].update(boot or {})
+    if data["boot"]["loader"] == "grub":
+        data["boot"].pop("kernel_cmdline", None)
     path = tmp / "kpro6-fresh.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import ROOT, deploy, inventory, manifest
+from tests.e2e.reprovision import GCC, OLD, fresh_kpro6
 from tests.e2e.test_audit_twin import audit
 from twin import hardware, userspace
 from twin.modbuild import GSP_FIRMWARE
@@ -25,10 +26,8 @@ from twin.pytest_plugin import TwinHandle
 pytestmark = pytest.mark.twin
 
 TREE = ROOT / "tests/fixtures/driver-src/open-gpu-kernel-modules"
-OLD = "6.8.12-9-pve"
 NEW = "6.14.8-2-bpo12-pve"
 NEWER = "6.17.2-1-pve"  # an apt upgrade behind gpuhost's back
-GCC = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0"
 VERSION = "595.71.05"
 LUMPED = yaml.safe_load((ROOT / "gpuhost-twin/twin/profiles/lumped.yaml").read_text())
 GRUB = LUMPED["boot"]["default_grub"]
@@ -37,18 +36,6 @@ PATHS = {
     "grub-esp": {"firmware": "uefi", "loader": "grub", "grub_on_esp": True, "default_grub": GRUB},
     "grub-lvm": {"firmware": "bios", "loader": "grub", "boot_on_lvm": True, "default_grub": GRUB},
 }
-
-
-def fresh_kpro6(tmp: Path, boot: dict) -> str:
-    """kpro6 as the PVE 8 installer leaves it: one kernel, 6.8.12-9-pve; boot path as given."""
-    data = yaml.safe_load((ROOT / "gpuhost-twin/twin/profiles/kpro6.yaml").read_text())
-    data["kernels"] = [{"version": OLD, "gcc": GCC}]
-    data["boot"].update(boot)
-    if data["boot"]["loader"] == "grub":
-        data["boot"].pop("kernel_cmdline", None)
-    path = tmp / "kpro6-fresh.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
 
 
 def unpack_kernel(twin: TwinHandle, release: str, gcc: str = GCC) -> None:

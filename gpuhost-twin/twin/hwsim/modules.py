@@ -206,9 +206,11 @@ class KernelModules(Machine):
 
     def gsp_mismatch(self, version: str) -> str:
         """Releases of the blobs under nvidia/<version>/ that are not version ('' if none)."""
+        stamp = b"twin GSP firmware "  # twin/modbuild.py's blobs name their release
         blobs = sorted(self.p(f"lib/firmware/nvidia/{version}").glob("gsp_*.bin"))
-        found = {b.read_bytes().removeprefix(b"twin GSP firmware ").strip().decode() for b in blobs}
-        wrong = sorted(found - {version})
+        found = {b.read_bytes() for b in blobs}
+        releases = {f.removeprefix(stamp).strip().decode() for f in found if f.startswith(stamp)}
+        wrong = sorted(releases - {version})
         return f"GSP firmware {', '.join(wrong)} under nvidia/{version}" if wrong else ""
 
     def _gsp_firmware(self, version: str) -> bool:
