@@ -12,14 +12,14 @@ parameters), never from what a run changed: a run killed anywhere converges on t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from gpuhost import bootconf, modconf
+from gpuhost import modconf
+from gpuhost.bootplan import after_commit, boot_config
 from gpuhost.driverplan import DriverModules, plan_driver_modules
 from gpuhost.gpus import model_name, needs_open_modules
 from gpuhost.guestdevices import guest_devices
 from gpuhost.hostfacts import HostFacts
-from gpuhost.iommu import plan_iommu
 from gpuhost.p2p import plan_p2p
 from gpuhost.reasons import (
     REBOOT_NOW,
@@ -38,7 +38,7 @@ from gpuhost.split import (
     owner_of_guest,
     slot,
 )
-from gpuhost.trialboot import TrialBoot, trial_cmdline_names
+from gpuhost.trialboot import TrialBoot
 from gpuhost.trialplan import plan_trial
 from gpuhost.trialstate import Step
 from gpuhost.userspaceplan import (
@@ -179,61 +179,6 @@ class Plan:
         return next(g.owner for g in self.gpus if g.bdf == bdf)
 
 
-def _loader_files(facts: HostFacts, loader: str) -> dict[str, str]:
-    if facts.files is not None:
-        return facts.files
-    # A snapshot taken without the boot loader's files: judge by /proc/cmdline.
-    base = [p for p in facts.cmdline if not p.startswith(("BOOT_IMAGE=", "initrd="))]
-    if loader == "systemd-boot":
-        return {bootconf.KERNEL_CMDLINE: " ".join(base) + "\n"}
-    return {bootconf.DEFAULT_GRUB: f'GRUB_CMDLINE_LINUX="{" ".join(base)}"\n'}
-
-
-def _boot_config(
-    spec: HostSpec,
-    facts: HostFacts,
-    loader: str,
-    problems: list[str],
-    notes: list[str],
-    trial_params: tuple[str, ...] = (),
-) -> tuple[bootconf.BootConfig, bool]:
-    """The boot loader files and whether host devices get identity domains (iommu=pt).
-
-    ``trial_params`` go on the command line while a trial boot is due or under way. Once it is
-    done they leave the files, but a running kernel booted with them is not a reason to reboot
-    (they only make a failing kernel reboot by itself), so they are never "absent"."""
-    files = _loader_files(facts, loader)
-    configured, trouble = bootconf.configured(loader, files)
-    problems += trouble
-    boot = spec.boot
-    iommu = plan_iommu(
-        cpu_vendor=facts.cpu_vendor,
-        snp_host=facts.sev.snp_host,
-        iommu=boot.iommu,
-        iommu_passthrough=boot.iommu_passthrough,
-        snp=boot.snp,
-        acs_override=boot.acs_override,
-        pci_realloc=boot.pci_realloc,
-        extra=boot.extra,
-        configured=configured,
-        running=facts.cmdline,
-        iommu_active=facts.iommu.active or bool(facts.iommu_groups),
-    )
-    problems += iommu.refusals
-    notes += iommu.notes
-    wanted = list(iommu.wanted) + [p for p in trial_params if p not in iommu.wanted]
-    if loader == "systemd-boot":
-        config = bootconf.systemd_boot(files, wanted)
-    else:
-        config = bootconf.grub(files, [p for p, _ in configured], wanted)
-    problems += config.problems
-    lingering = set(trial_cmdline_names())
-    config = replace(
-        config, absent=[p for p in config.absent if p.split("=", 1)[0] not in lingering]
-    )
-    return config, iommu.identity_domains
-
-
 def _files(plan_parts: dict[str, tuple[str | None, str]]) -> dict[str, ManagedFile]:
     return {
         path: ManagedFile(path=path, content=content, concern=concern)
@@ -270,17 +215,11 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         )
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
     trial, step, trial_params = plan_trial(spec, facts, problems)
-    boot, passthrough = _boot_config(spec, facts, loader, problems, notes, trial_params)
-    # What the loader's files become at the trial's commit, in the run that commits it: without
-    # the trial's panic parameters (its commit refreshes the loader), so the next run is a no-op.
-    after_trial: dict[str, ManagedFile] = {}
-    if trial_params:
-        settled, _ = _boot_config(spec, facts, loader, [], [], ())
-        after_trial = {
-            path: ManagedFile(path, content, "cmdline")
-            for path, content in settled.files.items()
-            if boot.files.get(path) != content
-        }
+    boot, passthrough = boot_config(spec, facts, loader, problems, notes, trial_params)
+    after_trial = {
+        path: ManagedFile(path, content, "cmdline")
+        for path, content in after_commit(spec, facts, loader, boot, trial_params).items()
+    }
 
     names = {g.bdf: g.name for g in facts.gpus.gpus}
     all_functions = sorted(facts.pci)
