@@ -15,7 +15,8 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from gpuhost.grammar import GRAMMARS
-from gpuhost.spec import HostSpec, LxcGuest, VmGuest
+from gpuhost.spec import HostSpec
+from gpuhost.spec_guests import LxcGuest, VmGuest
 
 START, END = "<!-- inventory-reference:start -->", "<!-- inventory-reference:end -->"
 README = Path(__file__).parents[1] / "README.md"

@@ -35,7 +35,8 @@ from pyinfra.api.exceptions import InventoryError
 
 from gpuhost.hostkeys import unknown_host_key
 from gpuhost.redact import is_secret_name, mask_secrets, show
-from gpuhost.spec import GUEST_KINDS, HostSpec
+from gpuhost.spec import HostSpec
+from gpuhost.spec_guests import GUEST_KINDS
 
 SPEC_KEY = "gpuhost"  # host data key that holds the validated HostSpec
 SOURCE_KEY = "gpuhost_source"  # host data key: the inventory file that declared the host

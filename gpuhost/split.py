@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from facts.pci import PciDevice
 from gpuhost.hostfacts import HostFacts
-from gpuhost.spec import HostSpec, LxcGuest, VmGuest
+from gpuhost.spec import HostSpec
+from gpuhost.spec_guests import LxcGuest, VmGuest
 
 
 @dataclass(frozen=True)

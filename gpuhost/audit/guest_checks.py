@@ -10,7 +10,7 @@ from gpuhost.audit import p2p_checks
 from gpuhost.audit.context import REDEPLOY, AuditContext, expected_minor
 from gpuhost.audit.model import Finding, NotApplicable, check
 from gpuhost.audit.observe import GuestView
-from gpuhost.spec import LxcGuest, VmGuest
+from gpuhost.spec_guests import LxcGuest, VmGuest
 
 _ALLOW = re.compile(r"lxc\.cgroup2?\.devices\.allow")
 _RULE = re.compile(

@@ -27,7 +27,8 @@ from gpuhost.audit.model import Check, Outcome
 from gpuhost.audit.run import HostAudit, cases, evaluate, read_host
 from gpuhost.hostkeys import unknown_host_key
 from gpuhost.inventory import SOURCE_KEY, load_inventory
-from gpuhost.spec import HostSpec, LxcGuest
+from gpuhost.spec import HostSpec
+from gpuhost.spec_guests import LxcGuest
 
 
 @dataclass

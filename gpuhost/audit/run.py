@@ -18,7 +18,8 @@ from gpuhost.audit.context import AuditContext
 from gpuhost.audit.model import CHECKS, Check, Finding, NotApplicable, Outcome
 from gpuhost.audit.observe import GuestView, Runner, in_container, observe_guest, observe_host
 from gpuhost.plan import PlanError, make_plan
-from gpuhost.spec import HostSpec, LxcGuest
+from gpuhost.spec import HostSpec
+from gpuhost.spec_guests import LxcGuest
 
 
 @dataclass
