@@ -39,9 +39,9 @@ INSTALLER_FLAGS = (
 )
 
 
-def _verify(version: str) -> str:
-    """Shell that fails, naming what it found, unless the host shows ``version`` exactly."""
-    q = shlex.quote
+def _verify(wanted: WantedUserspace) -> str:
+    """Shell that fails, naming what it found, unless the host shows the version exactly."""
+    q, version, firmware = shlex.quote, wanted.version, wanted.firmware_dir
     libs = NvidiaUserspace().command()
     return (
         f"found=$( {{ {libs}; }} | sed -n 's#^/.*/\\(lib[a-z-]*\\)\\.so\\.\\([0-9.]*\\)$#\\1 \\2#p' "
@@ -50,8 +50,8 @@ def _verify(version: str) -> str:
         f'if [ "$found" != "$want" ]; then echo "gpuhost: after the installer the host shows '
         f"userspace '${{found% }}', wanted driver {version} (libcuda and libnvidia-ml of "
         f'exactly driver.version)" >&2; exit 1; fi && '
-        f"ls {q(f'/lib/firmware/nvidia/{version}')}/gsp_*.bin >/dev/null 2>&1 || {{ echo "
-        f'"gpuhost: no GSP firmware in /lib/firmware/nvidia/{version}/ after the installer" '
+        f"ls {q(firmware)}/gsp_*.bin >/dev/null 2>&1 || {{ echo "
+        f'"gpuhost: no GSP firmware in {firmware}/ after the installer" '
         ">&2; exit 1; } && "
         f'[ -x {PERSISTENCED} ] || {{ echo "gpuhost: the installer left no {PERSISTENCED}" >&2; '
         "exit 1; }"
@@ -76,7 +76,7 @@ def userspace_installed(wanted: WantedUserspace):
         yield f"mkdir -p {q(STATE_DIR)} {q(INSTALLER_DIR)} && touch {q(PENDING)}"
         yield FileUploadCommand(wanted.installer, remote)
         yield (
-            f"sh {q(remote)} {INSTALLER_FLAGS} && {_verify(wanted.version)} && "
+            f"sh {q(remote)} {INSTALLER_FLAGS} && {_verify(wanted)} && "
             f"rm -f {q(remote)} {q(PENDING)}"
         )
     if not now.persistenced_user:
