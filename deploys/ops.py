@@ -35,7 +35,7 @@ def _show_diff(path: str, current: str | None, wanted: str | None) -> None:
     logger.info("")
 
 
-def _mark(follow_ups: list[FollowUp]) -> list[str]:
+def mark_pending(follow_ups: list[FollowUp]) -> list[str]:
     """Shell words that record ``follow_ups`` as pending before a trigger file changes."""
     if not follow_ups:
         return []
@@ -67,7 +67,7 @@ def managed_file(item: ManagedFile, follow_ups: list[FollowUp] | None = None):
         raise OperationError("the managed files were not read")
     path = item.path
     current, link = managed.files.get(path), managed.links.get(path)
-    mark = _mark(follow_ups or [])
+    mark = mark_pending(follow_ups or [])
     if item.link is not None:
         if link == item.link:
             host.noop(f"{path} links to {item.link}")

@@ -25,14 +25,14 @@ from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
 from deploys.guests import guest_power, start_guests, stop_guests
-from deploys.ops import write_command
+from deploys.ops import mark_pending, write_command
 from deploys.reboot import _read
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo
 from gpuhost.audit.gate import run_gate
 from gpuhost.guestpower import GuestPower
 from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
-from gpuhost.plan import STATE_DIR, Plan
+from gpuhost.plan import STATE_DIR, FollowUp, Plan
 from gpuhost.trialstate import RECORD, Step, TrialRecord, failed_message
 
 JOURNAL = "journalctl -b -1 -k -n 40 --no-pager -o short-monotonic 2>/dev/null"
@@ -130,17 +130,16 @@ def before_install(plan: Plan):
     yield _all(trial.pin_running)
 
 
-def _loader_marker(plan: Plan) -> str:
-    return shlex.quote(next(f.marker for f in plan.follow_ups if f.name == "loader"))
+def _loader(plan: Plan) -> FollowUp:
+    return next(f for f in plan.follow_ups if f.name == "loader")
 
 
 def _settle_cmdline(host, plan: Plan) -> None:
     """The loader files without the trial's panic parameters, before the commit: its refresh
     (or update-grub) applies them; a run killed in between refreshes on the next one."""
-    mark = [f"mkdir -p {shlex.quote(STATE_DIR)} && touch {_loader_marker(plan)} &&"]
+    mark = mark_pending([_loader(plan)])
     for item in plan.trial_commit_files.values():
-        command = write_command(item, mark)
-        ok, output = host.run_shell_command(command, print_output=False)
+        ok, output = host.run_shell_command(write_command(item, mark), print_output=False)
         if not ok:
             text = "\n".join(output.stderr_lines).strip()
             raise OperationError(f"writing {item.path} for the commit failed: {text}")
@@ -196,7 +195,11 @@ def _gate_and_commit(
     if not problems:
         _settle_cmdline(host, plan)
         _must(host, "committing the trial", trial.commit)
-        _must(host, "clearing the pending loader refresh", (f"rm -f {_loader_marker(plan)}",))
+        _must(
+            host,
+            "clearing the pending loader refresh",
+            (f"rm -f {shlex.quote(_loader(plan).marker)}",),
+        )
         _must(host, "clearing the trial record", (f"rm -f {shlex.quote(RECORD)}",))
         logger.info(
             f"{host.print_prefix}kernel {trial.kernel} passed its trial boot "

@@ -10,6 +10,7 @@ from the artifact store, installed by the deploy itself, is tests/e2e/test_repro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,8 +78,6 @@ def pinned(twin: TwinHandle) -> str:
 
 
 def boot_attempts(twin: TwinHandle) -> list[dict]:
-    import json
-
     return json.loads((twin.root / "var/lib/gpuhost-twin/hw.json").read_text())["boot_attempts"]
 
 
