@@ -23,6 +23,7 @@ from deploys import (
     reboot,
     trial_boot,
     userspace,
+    vms,
 )
 from gpuhost.trialstate import Step
 
@@ -35,6 +36,7 @@ userspace.configure(plan)  # before any reboot: the open module needs its GSP fi
 boot_cmdline.configure(plan)
 modules.configure(plan)
 devices.configure(plan)
+vms.configure(plan, rebooting=bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED)
 if plan.trial_step is Step.CONVERGED:
     reboot.reboot_if_needed(plan)
 else:  # the trial's reboot applies everything above too, and its gate checks it

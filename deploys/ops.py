@@ -13,7 +13,7 @@ import posixpath
 import shlex
 
 from pyinfra import host, logger, state
-from pyinfra.api import OperationError, StringCommand, operation
+from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
 from pyinfra.api.command import QuoteString
 from pyinfra.api.util import format_text
 from pyinfra.operations.util.files import generate_color_diff
@@ -33,6 +33,20 @@ def _show_diff(path: str, current: str | None, wanted: str | None) -> None:
     for line in generate_color_diff(before, after):
         logger.info("  %s", line)
     logger.info("")
+
+
+def step(function) -> FunctionCommand:
+    """A FunctionCommand whose failure (OperationError) is reported as the run's error message,
+    not as a Python traceback ("Unexpected error in Python callback")."""
+
+    def run(state, host) -> bool:
+        try:
+            return function(state, host) is not False
+        except OperationError as exc:
+            host.log_styled(str(exc), fg="red", log_func=logger.error)
+            return False
+
+    return FunctionCommand(run, (), {})
 
 
 def mark_pending(follow_ups: list[FollowUp]) -> list[str]:

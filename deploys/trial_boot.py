@@ -20,12 +20,13 @@ import shlex
 import time
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
+from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
 from deploys.guests import guest_power, start_guests, stop_guests
 from deploys.ops import mark_pending, write_command
+from deploys.ops import step as _step
 from deploys.reboot import _read
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo
@@ -40,20 +41,6 @@ JOURNAL = "journalctl -b -1 -k -n 40 --no-pager -o short-monotonic 2>/dev/null"
 # Hosts whose trial failed in this run (per pyinfra state): a rollout stops at the first one,
 # so no other host is rebooted into its trial after it.
 _failed: dict[int, list[str]] = {}
-
-
-def _step(function):
-    """A FunctionCommand whose failure (OperationError) is reported as the run's error message,
-    not as a Python traceback ("Unexpected error in Python callback")."""
-
-    def run(state, host) -> bool:
-        try:
-            return function(state, host) is not False
-        except OperationError as exc:
-            host.log_styled(str(exc), fg="red", log_func=logger.error)
-            return False
-
-    return FunctionCommand(run, (), {})
 
 
 def _stop_rollout(state, host) -> None:

@@ -25,6 +25,11 @@ MANAGED_PATHS = (
     "/etc/systemd/system/*.wants/gpuhost-*",
     "/usr/local/lib/gpuhost/*",
     "/var/lib/gpuhost/*",
+    # Proxmox's, read only: the node name (/etc/pve/local links to nodes/<node>), the cluster
+    # CA the API is verified against, and the PCI mappings gpuhost creates through the API.
+    "/etc/pve/local",
+    "/etc/pve/pve-root-ca.pem",
+    "/etc/pve/mapping/pci.cfg",
 )
 _LINE = re.compile(r"(?P<kind>[FL]) (?P<path>/\S+) (?P<value>\S*)")
 

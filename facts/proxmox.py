@@ -274,3 +274,42 @@ class GuestStatuses(FactBase["dict[tuple[str, int], str]"]):
 
     def process(self, output: list[str]) -> dict[tuple[str, int], str]:
         return parse_guest_lists(output)
+
+
+# --- /etc/pve/mapping/pci.cfg: cluster PCI resource mappings ---------------------------------------
+
+_MAPPING_HEADER = re.compile(r"^(?P<id>[a-z][a-z0-9_-]*)\s*$")
+_MAPPING_KEY = re.compile(r"^\t(?P<key>map|description|mdev|live-migration-capable) (?P<value>.*)$")
+
+
+@dataclass(frozen=True)
+class PciMappingConfig:
+    id: str
+    maps: tuple[str, ...] = ()  # `map` property strings, one per node
+    description: str | None = None
+
+
+def parse_pci_mappings(text: str) -> dict[str, PciMappingConfig]:
+    """pmxcfs section config (pve-guest-common PVE/Mapping/PCI.pm): an id line, then
+    tab-indented ``key value`` lines; `map` repeats, once per node."""
+    found: dict[str, PciMappingConfig] = {}
+    current: dict | None = None
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        header = _MAPPING_HEADER.match(line)
+        if header:
+            current = {"id": header["id"], "maps": [], "description": None}
+            found[header["id"]] = current  # type: ignore[assignment]
+            continue
+        item = _MAPPING_KEY.match(line)
+        if item is None or current is None:
+            raise UnparsedOutput("/etc/pve/mapping/pci.cfg", line)
+        if item["key"] == "map":
+            current["maps"].append(item["value"].strip())
+        elif item["key"] == "description":
+            current["description"] = item["value"]
+    return {
+        k: PciMappingConfig(v["id"], tuple(v["maps"]), v["description"])  # type: ignore[index]
+        for k, v in found.items()
+    }

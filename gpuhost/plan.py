@@ -48,6 +48,7 @@ from gpuhost.userspaceplan import (
     persistenced_unit,
     plan_driver_userspace,
 )
+from gpuhost.vmplan import VmSplit, plan_vm_gpus
 
 __all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan"]
 
@@ -138,6 +139,8 @@ class Plan:
     # must be given whole (vmid -> BDFs: its GPUs' boards and the rest of their IOMMU groups).
     lxc_nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)
     vm_functions: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    # The VMs' PCI mappings and owned hostpciN entries (gpuhost/vmplan.py).
+    vm_split: VmSplit = field(default_factory=VmSplit)
     hardware: HardwareSpec | None = None  # the GPUs the host must carry
     # How the planned kernel would be booted once before it is pinned (None: it is running).
     # A refused trial is not a plan problem: the deploy refuses it before anything changes, and
@@ -353,6 +356,14 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         raise PlanError(host, problems, source)
 
     lxc_nodes, vm_functions = guest_devices(assignments, facts)
+    vm_split = plan_vm_gpus(
+        vm_functions,
+        {vm.vmid: vm.name for vm in spec.vm_guests},
+        {vm.vmid: vm.machine for vm in spec.vm_guests},
+        {slot(a.bdf): str(a.owner) for a in assignments if a.owner.kind != "host"},
+        facts,
+        problems,
+    )
     if problems:
         raise PlanError(host, problems, source)
     expected = [p for p in running if p not in remove]
@@ -383,6 +394,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         notes=notes,
         lxc_nodes=lxc_nodes,
         vm_functions=vm_functions,
+        vm_split=vm_split,
         hardware=spec.hardware,
         trial_boot=trial,
         trial_step=step,

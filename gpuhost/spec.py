@@ -28,6 +28,7 @@ from gpuhost.spec_artifacts import ArtifactsSpec
 from gpuhost.spec_checks import NO_VALUE, cross_field_problems
 from gpuhost.spec_driver import DriverSource
 from gpuhost.spec_guests import Guest, LxcGuest, VmGuest
+from gpuhost.spec_proxmox import ProxmoxApiSpec
 from gpuhost.spec_trial import TrialSpec
 from gpuhost.values import (
     MAX_ITEMS,
@@ -269,6 +270,11 @@ class HostSpec(Model):
     )
     artifacts: ArtifactsSpec = Field(
         default_factory=ArtifactsSpec, description="Where built kernels and modules are kept."
+    )
+    proxmox: ProxmoxApiSpec = Field(
+        default_factory=ProxmoxApiSpec,
+        description="The host's Proxmox API, used for VMs' PCI mappings, hostpci entries and "
+        "power tasks, and to list guests for the inventory.",
     )
 
     @model_validator(mode="wrap")

@@ -127,6 +127,7 @@ def test_converged_host_needs_no_reboot() -> None:
     raw = kpro6_raw()
     raw["KernelCmdline"] = (0, ["root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet iommu=pt"])
     raw["ModuleParameters"] = (0, ["nvidia_uvm uvm_disable_hmm Y"])
+    raw["PveGuestConfigs"] = (0, [])  # VM 129's hand-made hostpci entries would give GPUs twice
     plan = make_plan("kpro6", spec, kpro6(**raw))
     assert plan.reboot_reasons == [] and not plan.needs_reboot
     assert "no reboot needed" in render_plan(plan)
@@ -381,7 +382,10 @@ def test_identity_domains_follow_sev_snp_not_the_gpu_architecture() -> None:
     assert make_plan(
         "kpro6", host(KPRO6, boot={"iommu_passthrough": True}), kpro6()
     ).iommu_passthrough
-    snp = {"SevSnp": (0, ["/sys/module/kvm_amd/parameters/sev_snp:Y", "cpuflag sev_snp"])}
+    snp = {
+        "SevSnp": (0, ["/sys/module/kvm_amd/parameters/sev_snp:Y", "cpuflag sev_snp"]),
+        "PveGuestConfigs": (0, []),  # VM 129's hand-made hostpci entries: GPUs given twice
+    }
     # SNP kept (default): no identity domains; P2P not relied on, NCCL_P2P_DISABLE for guests
     plan = make_plan("kpro6", host(KPRO6, lxc(200, "rest")), kpro6(**snp))
     assert not plan.iommu_passthrough and "iommu=pt" not in plan.cmdline_owned
@@ -405,6 +409,7 @@ def test_no_pin_without_a_reboot() -> None:
     raw = kpro6_raw()
     raw["KernelCmdline"] = (0, ["root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet iommu=pt"])
     raw["ModuleParameters"] = (0, ["nvidia_uvm uvm_disable_hmm Y"])
+    raw["PveGuestConfigs"] = (0, [])
     plan = make_plan("kpro6", host(KPRO6, lxc(200, "rest")), kpro6(**raw))
     assert not plan.reboot_now and not plan.pin_running_kernel
 

@@ -1,0 +1,45 @@
+"""The API token: from a 0600 file or the environment, strictly parsed, never shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuhost.pveapi import ApiTokenError, read_token
+from gpuhost.spec_proxmox import ProxmoxApiSpec
+
+SECRET = "0b5e9a4c-1f2d-4e6a-9c3b-7d8e1f2a3b4c"
+
+
+def test_token_from_the_environment() -> None:
+    token = read_token(ProxmoxApiSpec(), {"GPUHOST_PVE_TOKEN": f"root@pam!gpuhost={SECRET}"})
+    assert (token.identity, token.secret) == ("root@pam!gpuhost", SECRET)
+    assert SECRET not in repr(token)
+
+
+def test_missing_token_names_the_variable_and_the_fix() -> None:
+    with pytest.raises(ApiTokenError, match="export GPUHOST_PVE_TOKEN=USER@REALM!TOKENID=SECRET"):
+        read_token(ProxmoxApiSpec(), {})
+
+
+def test_malformed_token_is_refused_without_showing_it() -> None:
+    bad = f"root@pam:gpuhost={SECRET}"
+    with pytest.raises(ApiTokenError) as refused:
+        read_token(ProxmoxApiSpec(token_env="PVE"), {"PVE": bad})
+    assert "environment variable PVE" in str(refused.value) and SECRET not in str(refused.value)
+
+
+def test_token_file_must_be_private(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text(f"gpuhost@pve!deploy={SECRET}\n")
+    path.chmod(0o644)
+    spec = ProxmoxApiSpec(token_file=str(path))
+    with pytest.raises(
+        ApiTokenError, match=f"mode 0644; others may read the token: chmod 600 {path}"
+    ):
+        read_token(spec, {})
+    path.chmod(0o600)
+    assert read_token(spec, {}).identity == "gpuhost@pve!deploy"
+    with pytest.raises(ApiTokenError, match="cannot be read"):
+        read_token(ProxmoxApiSpec(token_file=str(tmp_path / "absent")), {})
