@@ -25,19 +25,27 @@ from deploys import (
     userspace,
     vms,
 )
+from gpuhost.inventory import GUEST_KEY
 from gpuhost.trialstate import Step
 
-plan = context.plan(host)
-trial_boot.preflight(plan)
-trial_boot.before_install(name="Room for a new kernel; pin the running one", plan=plan)
-new_kernel = kernel.configure(plan)
-driver.configure(plan, new_kernel.compiler if new_kernel is not None else None)
-userspace.configure(plan)  # before any reboot: the open module needs its GSP firmware to load
-boot_cmdline.configure(plan)
-modules.configure(plan)
-devices.configure(plan)
-vms.configure(plan, rebooting=bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED)
-if plan.trial_step is Step.CONVERGED:
-    reboot.reboot_if_needed(plan)
-else:  # the trial's reboot applies everything above too, and its gate checks it
-    trial_boot.trial(plan)
+
+def provision() -> None:
+    plan = context.plan(host)
+    trial_boot.preflight(plan)
+    trial_boot.before_install(name="Room for a new kernel; pin the running one", plan=plan)
+    new_kernel = kernel.configure(plan)
+    driver.configure(plan, new_kernel.compiler if new_kernel is not None else None)
+    userspace.configure(plan)  # before any reboot: the open module needs its GSP firmware
+    boot_cmdline.configure(plan)
+    modules.configure(plan)
+    devices.configure(plan)
+    rebooting = bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED
+    vms.configure(plan, rebooting=rebooting)
+    if plan.trial_step is Step.CONVERGED:
+        reboot.reboot_if_needed(plan)
+    else:  # the trial's reboot applies everything above too, and its gate checks it
+        trial_boot.trial(plan)
+
+
+if GUEST_KEY not in host.data:  # guest hosts (gpuhost.guestinventory) are not GPU hosts
+    provision()

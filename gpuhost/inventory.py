@@ -40,6 +40,7 @@ from gpuhost.spec_guests import GUEST_KINDS
 
 SPEC_KEY = "gpuhost"  # host data key that holds the validated HostSpec
 SOURCE_KEY = "gpuhost_source"  # host data key: the inventory file that declared the host
+GUEST_KEY = "gpuhost_guest"  # host data key of a guest host (gpuhost/guestinventory.py)
 CHECK_GROUP = "gpuhost_inventory_check"  # the (empty) group that checks a whole inventory file
 _REGISTRY = "__gpuhost_hosts__"  # name -> entry, in the inventory file's namespace
 MAX_PROBLEMS = 25
@@ -344,7 +345,7 @@ def inventory_problems(namespace: dict[str, Any]) -> list[str]:
         for entry in hosts:
             if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict):
                 name = entry[0]
-                if isinstance(entry[1].get(SPEC_KEY), HostSpec):
+                if isinstance(entry[1].get(SPEC_KEY), HostSpec) or GUEST_KEY in entry[1]:
                     if declared.get(name, id(entry)) != id(entry):
                         problems.append(
                             f"host {show(name)} is declared twice (group {group!r}); declare "
