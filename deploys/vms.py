@@ -19,7 +19,7 @@ from pyinfra.api import OperationError, operation
 
 from deploys.context import observed
 from deploys.ops import step
-from facts.proxmox import parse_pci_mappings
+from facts.proxmox import MAPPINGS_FILE, parse_pci_mappings
 from gpuhost import pveapi
 from gpuhost.inventory import SPEC_KEY
 from gpuhost.plan import STATE_DIR, Plan
@@ -27,7 +27,6 @@ from gpuhost.vmplan import MAPPING_PREFIX, PciMapping, VmGpus
 
 BACKUPS = f"{STATE_DIR}/backups"
 KEEP_BACKUPS = 10  # per guest
-MAPPINGS_FILE = "/etc/pve/mapping/pci.cfg"
 CA_FILE = "/etc/pve/pve-root-ca.pem"
 SHUTDOWN_TIMEOUT = 120  # seconds a VM gets to shut down before it is stopped
 

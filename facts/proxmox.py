@@ -278,6 +278,7 @@ class GuestStatuses(FactBase["dict[tuple[str, int], str]"]):
 
 # --- /etc/pve/mapping/pci.cfg: cluster PCI resource mappings ---------------------------------------
 
+MAPPINGS_FILE = "/etc/pve/mapping/pci.cfg"
 _MAPPING_HEADER = re.compile(r"^(?P<id>[a-z][a-z0-9_-]*)\s*$")
 _MAPPING_KEY = re.compile(r"^\t(?P<key>map|description|mdev|live-migration-capable) (?P<value>.*)$")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from facts.proxmox import GuestConfig
+from facts.proxmox import MAPPINGS_FILE, GuestConfig, parse_pci_mappings
 from gpuhost.audit import p2p_checks
 from gpuhost.audit.context import REDEPLOY, AuditContext, expected_minor
 from gpuhost.audit.model import Finding, NotApplicable, check
@@ -294,12 +294,32 @@ def ct_p2p(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
 # --- VMs ----------------------------------------------------------------------------------------
 
 
-def _hostpci_functions(value: str, pci: dict[str, Any]) -> set[str] | None:
-    """The host functions a hostpciN value gives; None for a mapping (resolved by Proxmox)."""
+def _mapped_paths(ctx: AuditContext) -> dict[str, str]:
+    """mapping id -> this node's `path` in /etc/pve/mapping/pci.cfg (first path of a list)."""
+    managed = ctx.host.facts.managed
+    if managed is None:
+        return {}
+    node = managed.links.get("/etc/pve/local", "").removeprefix("nodes/")
+    paths = {}
+    for mid, mapping in parse_pci_mappings(managed.files.get(MAPPINGS_FILE, "")).items():
+        for entry in mapping.maps:
+            props = dict(item.partition("=")[::2] for item in entry.split(","))
+            if props.get("node") == node and props.get("path"):
+                paths[mid] = props["path"].split(";")[0]
+    return paths
+
+
+def _hostpci_functions(value: str, pci: dict[str, Any], mapped: dict[str, str]) -> set[str] | None:
+    """The host functions a hostpciN value gives (a mapping through this node's map entry);
+    None for a mapping this node has no entry for."""
     first = value.split(",", 1)[0]
-    if first.startswith("mapping=") or "mapping=" in value:
-        return None
-    ids = first.removeprefix("host=").split(";")
+    key, _, mid = first.partition("=")
+    if key == "mapping":
+        if mid not in mapped:
+            return None
+        ids = [mapped[mid]]
+    else:
+        ids = first.removeprefix("host=").split(";")
     found: set[str] = set()
     for pci_id in ids:
         full = pci_id if pci_id.count(":") == 2 else f"0000:{pci_id}"
@@ -318,13 +338,19 @@ def vm_hostpci(ctx: AuditContext, guest: VmGuest) -> list[Finding]:
         raise NotApplicable(f"{guest.name} has no GPUs")
     config = _config(ctx, "qemu", guest.vmid)
     given: set[str] = set()
+    mapped = _mapped_paths(ctx)
     for key, value in config.current.options.items():
         if re.fullmatch(r"hostpci\d+", key):
-            functions = _hostpci_functions(value, ctx.host.facts.pci)
+            functions = _hostpci_functions(value, ctx.host.facts.pci, mapped)
             if functions is None:
-                raise NotApplicable(
-                    f"{guest.name} uses PCI resource mappings ({key}: {value}); their functions are checked by Proxmox at start"
-                )
+                return [
+                    Finding(
+                        f"/etc/pve/qemu-server/{guest.vmid}.conf {key}",
+                        "a PCI mapping with a map entry for this node",
+                        f"{value}: no such mapping in {MAPPINGS_FILE} for this node",
+                        f"{REDEPLOY} (it creates gpuhost's mappings)",
+                    )
+                ]
             given |= functions
     conf = f"/etc/pve/qemu-server/{guest.vmid}.conf"
     findings = []
