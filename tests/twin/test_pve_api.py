@@ -153,7 +153,9 @@ def test_post_config_errors_before_and_inside_the_worker(served: tuple[Path, int
     )
     with pytest.raises(ResourceException) as exc:
         px.nodes("pve1").qemu(999).config.post(cores=2)
-    assert exc.value.content == "Configuration file 'nodes/pve1/qemu-server/999.conf' does not exist"
+    assert (
+        exc.value.content == "Configuration file 'nodes/pve1/qemu-server/999.conf' does not exist"
+    )
     upid = vm.config.post(hostpci0="0000:01:00")  # the per-key check is inside the worker
     assert tasks.UPID_RE.fullmatch(upid) and f":qmconfig:129:{TOKEN}:" in upid
     status = wait(px, upid)

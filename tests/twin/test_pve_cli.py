@@ -249,7 +249,11 @@ def test_qm_start_refuses_pcie_without_q35(tmp_path: Path) -> None:
     root = make_hw_root(tmp_path)
     write_conf(root, "qemu", 129, VM129)
     assert run(root, "qm", "set", "129", "--hostpci0", "0000:01:00,pcie=1")[0] == 0  # set accepts
-    assert run(root, "qm", "start", "129") == (255, "", f"q35 machine model is not enabled{Q35_AT}\n")
+    assert run(root, "qm", "start", "129") == (
+        255,
+        "",
+        f"q35 machine model is not enabled{Q35_AT}\n",
+    )
     assert run(root, "qm", "status", "129") == (0, "status: stopped\n", "")
 
 

@@ -403,7 +403,9 @@ def add_token(
     if not USERID_RE.fullmatch(userid):
         raise ValueError(f"userid {userid!r} is not like 'root@pam'")
     if not re.fullmatch(REALM_RE, tokenid):
-        raise ValueError(f"tokenid {tokenid!r} must start with a letter (then letters, digits, .-_)")
+        raise ValueError(
+            f"tokenid {tokenid!r} must start with a letter (then letters, digits, .-_)"
+        )
     cfg = load(root)
     if userid not in cfg.users:
         raise ValueError(f"no such user ('{userid}'); add it first (add_user)")
