@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import access, tasks
+from . import access, mapping, tasks
 from . import config_update as cu
 from .api_handlers import (
     CREATE_EXTRA,
@@ -103,9 +103,11 @@ ROUTES: list[Route] = [
     Route("GET", "/nodes/{node}/tasks/{upid}/log", get_task_log,
           {"start": Prop(type="integer", minimum=0), "limit": Prop(type="integer", minimum=0)}),
     Route("GET", "/cluster/mapping/pci", get_mappings, {"check-node": Prop()}),
-    Route("POST", "/cluster/mapping/pci", post_mapping),
+    Route("POST", "/cluster/mapping/pci", post_mapping,
+          {**mapping.CREATE_SCHEMA, "map": Prop(extra={"array": True})}),
     Route("GET", "/cluster/mapping/pci/{id}", get_mapping),
-    Route("PUT", "/cluster/mapping/pci/{id}", put_mapping),
+    Route("PUT", "/cluster/mapping/pci/{id}", put_mapping,
+          {**mapping.UPDATE_SCHEMA, "map": Prop(extra={"array": True})}),
     Route("DELETE", "/cluster/mapping/pci/{id}", delete_mapping),
 ]  # fmt: skip
 for _kind in ("lxc", "qemu"):
