@@ -199,7 +199,8 @@ def format_user_cfg(cfg: UserConfig) -> str:
     for name in sorted(cfg.roles):
         out.append(f"role:{name}:{','.join(sorted(cfg.roles[name]))}:")
     out.append("")
-    for path in sorted(cfg.acl):
+    # iterate_acl_tree: depth first, children sorted by name
+    for path in sorted(cfg.acl, key=lambda p: [] if p == "/" else p.strip("/").split("/")):
         by_list: dict[tuple[int, str], list[str]] = {}
         for member, roles in cfg.acl[path].members.items():
             if member == ROOT:
