@@ -163,7 +163,7 @@ def test_pct_bad_vmid_and_missing_ct(root: Path) -> None:
     rc, _, err = run(root, "pct", "config", "abc")
     assert rc == 255
     assert err.startswith(
-        "400 Parameter verification failed.\nvmid: invalid format - value does not look"
+        "400 Parameter verification failed.\nvmid: type check ('integer') failed - got 'abc'"
     )
     rc, _, err = run(root, "pct", "config", "999")
     assert (rc, err) == (255, "Configuration file 'nodes/pve1/lxc/999.conf' does not exist\n")

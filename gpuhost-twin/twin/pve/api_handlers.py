@@ -58,7 +58,10 @@ def node_check(root: Path, path_params: dict[str, str]) -> None:
 
 
 def vmid_of(path_params: dict[str, str]) -> int:
+    """pve-vmid: type integer first, then the format (JSONSchema check_prop's order)."""
     errors: dict[str, str] = {}
+    if not re.fullmatch(r"[+-]?\d+", path_params["vmid"]):
+        raise ParamError({"vmid": f"type check ('integer') failed - got '{path_params['vmid']}'"})
     try:
         verify_vmid(path_params["vmid"])
     except Exception as exc:  # FormatError

@@ -22,9 +22,11 @@ from .guest_state import (
     is_running,
 )
 from .schema import (
+    FormatError,
     ParamError,
     Prop,
     PveError,
+    parse_property_string,
     split_list,
     validate,
     verify_configid_list,
@@ -38,8 +40,13 @@ LXC_FASTPLUG = {"description", "onboot", "startup", "protection", "hostname", "h
 LXC_HOTPLUG = {"cpulimit", "cpuunits", "memory", "swap"}  # cgroup changes on a live CT
 
 
-QEMU_FASTPLUG = {"name", "onboot", "shares", "startup", "description", "protection",
-                 "vmstatestorage", "hookscript", "tags", "lock"}  # fmt: skip
+# qemu-server $fast_plug_option plus the cloud-init options: applied at once on a running VM.
+# What QEMU would hot-plug (net, disks, usb, cpu, memory with `hotplug`) stays pending in the
+# twin, which runs no QEMU; hostpciN and machine stay pending on a real VM too.
+QEMU_FASTPLUG = {"description", "hookscript", "lock", "migrate_downtime", "migrate_speed", "name",
+                 "onboot", "protection", "shares", "startup", "tags", "vmstatestorage",
+                 "cicustom", "cipassword", "citype", "ciupgrade", "ciuser", "nameserver",
+                 "searchdomain", "sshkeys"}  # fmt: skip
 
 
 # formats.md §1: on PVE 8 a devN set on a running CT waits in [pve:pending] for the next start
@@ -308,6 +315,8 @@ def _qemu_changes(root: Path, conf: cfg.GuestConfig, params: dict[str, str], del
             guest_perms.check_hostpci(root, vmid, opt, value)
         elif re.fullmatch(r"(serial|usb)\d+", opt):
             guest_perms.check_serial_usb(root, vmid, opt, value, delete=False)
+        if opt == "machine":
+            assert_valid_machine(value)
         if opt == "description":
             conf.main.description = value
             continue
@@ -317,6 +326,16 @@ def _qemu_changes(root: Path, conf: cfg.GuestConfig, params: dict[str, str], del
         cfg.set_pending_delete(conf, pend)
     _cleanup_pending(conf)
     _apply(conf, QEMU_FASTPLUG if running else None)
+
+
+def assert_valid_machine(value: str) -> None:
+    """Machine.pm assert_valid_machine_property (on update, and again at start)."""
+    try:
+        machine = parse_property_string(opts.MACHINE_FMT, value)
+    except FormatError:
+        return  # the schema check reported it already
+    if machine.get("viommu") == "intel" and "q35" not in machine.get("type", ""):
+        raise PveError("to use Intel vIOMMU please set the machine type to q35")
 
 
 def _check_lock_and_digest(conf: cfg.GuestConfig, digest: str | None) -> None:

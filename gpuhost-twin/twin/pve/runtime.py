@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import config as cfg
 from . import passthrough
-from .config_update import apply_pending
+from .config_update import apply_pending, assert_valid_machine
 from .guest_state import (
     is_running,
     set_running,
@@ -81,6 +81,7 @@ def start_qemu(
         raise PveError(f"VM {vmid} already running")
     apply_pending(root, "qemu", vmid)
     conf = cfg.load_config(root, "qemu", vmid)
+    assert_valid_machine(conf.main.values.get("machine", ""))
     ids = passthrough.start_devices(root, vmid, conf.main.values, warn, log)
     machine = running_machine(conf.main.values.get("machine", ""))
     set_running(root, "qemu", vmid, True, pid=_fake_pid(vmid), machine=machine)
