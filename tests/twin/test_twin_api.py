@@ -43,3 +43,18 @@ def test_api_reads_what_pct_writes_and_survives_a_reboot(twin: TwinHandle) -> No
 def test_api_refuses_a_wrong_token(twin: TwinHandle) -> None:
     with pytest.raises(ResourceException, match="401"):
         client(twin, secret="00000000-0000-0000-0000-000000000000").nodes.get()
+
+
+def test_root_over_ssh_may_what_the_token_may_not(twin: TwinHandle) -> None:
+    """pvesh as root@pam inside the twin (the deploy's SSH connection) vs the API token."""
+    api = client(twin)
+    rc, _, err = twin.run("pct set 200 -dev1 /dev/zero")  # root: fine
+    assert rc == 0, err
+    with pytest.raises(ResourceException) as exc:
+        api.nodes(twin.name).lxc(200).config.put(dev2="/dev/zero")
+    assert exc.value.status_code == 403 and "only allowed for root@pam" in exc.value.content
+    gpu = f"node={twin.name},path=0000:41:00,id=10de:2bb1,iommugroup=18"
+    rc, _, err = twin.run(f"pvesh create /cluster/mapping/pci --id gpu41 --map {gpu}")
+    assert rc == 0, err
+    assert [m["id"] for m in api.cluster.mapping.pci.get()] == ["gpu41"]
+    assert "\tmap " + gpu + "\n" in twin.run("cat /etc/pve/mapping/pci.cfg")[1]
