@@ -14,7 +14,7 @@ import pytest
 import requests
 from proxmoxer import ProxmoxAPI, ResourceException
 
-from tests.twin.pve_helpers import make_root, run, write_conf
+from tests.twin.pve_helpers import FakeSupervisor, fake_node, make_root, run, write_conf
 from twin.pve import access, api, tasks
 
 CT200 = "arch: amd64\ncores: 8\ndev0: /dev/nvidia0,gid=44\nhostname: ct200\nmemory: 4096\n"
@@ -284,3 +284,24 @@ def test_tokens_file_format_and_replacement(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no such user"):
         api.create_token(root, "ci@pve", "x1")
     assert os.stat(path.parent).st_mode & 0o777 == 0o700
+
+
+def test_container_power_tasks(served: tuple[Path, int, str]) -> None:
+    root, port, secret = served
+    px = client(root, port, secret)
+    ct = px.nodes("pve1").lxc(200)
+    sup = FakeSupervisor(root)
+    try:
+        fake_node(root, "/dev/nvidia0")
+        assert wait(px, ct.status.start.post())["exitstatus"] == "OK"
+        with pytest.raises(ResourceException, match="CT 200 already running"):
+            ct.status.start.post()  # checked before the worker: an HTTP error
+        assert wait(px, ct.status.reboot.post())["exitstatus"] == "OK"
+        assert [r["op"] for r in sup.seen] == ["ct-start", "ct-stop", "ct-start"]
+        upid = ct.status.shutdown.post(timeout=5)
+        assert f":vzshutdown:200:{TOKEN}:" in upid and wait(px, upid)["exitstatus"] == "OK"
+        assert ct.status.current.get()["status"] == "stopped"
+        sup.fail_start = "startup for container '200' failed"
+        assert wait(px, ct.status.start.post())["exitstatus"] == sup.fail_start
+    finally:
+        sup.close()
