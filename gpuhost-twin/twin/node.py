@@ -228,10 +228,14 @@ def create(twin: Twin) -> None:
         profile = load_profile(twin.profile)
         hardware.install(twin.root, profile)
         pve.install(twin.root, profile)
-        from twin.pve import api
+        from twin.pve import access, api
 
-        # An API token for proxmoxer; the secret is kept outside the twin, readable by root only.
+        # An API token for proxmoxer, privilege-separated like `pveum user token add` makes it,
+        # with the ACLs a gpuhost deploy needs (README: the twin's Proxmox API); the secret is
+        # kept outside the twin, readable by root only.
         secret = api.create_token(twin.root, "root@pam", "gpuhost")
+        for path, role in access.GPUHOST_TOKEN_ACLS:
+            access.grant(twin.root, path, role, "root@pam!gpuhost")
         token = twin.dir / "api-token"
         token.touch(mode=0o600)
         token.write_text(f"root@pam!gpuhost={secret}\n")

@@ -43,6 +43,19 @@ def make_root(tmp: Path, loader: str = "systemd-boot", kernels: tuple[str, ...] 
     return root
 
 
+def make_hw_root(tmp: Path, profile_name: str = "kpro6") -> Path:
+    """A twin root with simulated hardware, booted once (no nvidia module: the GPUs have no
+    driver), and the Proxmox layer installed; the node is named after the profile's host."""
+    from twin import hwtesting as ht
+    from twin.profile import load_profile
+
+    root = tmp / "hwroot"
+    ht.make_root(root, profile_name)
+    ht.boot_root(root, profile_name)
+    pve.install(root, load_profile(profile_name))
+    return root
+
+
 def run(root: Path, tool: str, *args: str) -> tuple[int, str, str]:
     """A tool in-process (fast); see run_shim for the installed script."""
     return cli.run(tool, list(args), root)

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.twin.pve_helpers import FakeSupervisor, fake_node, make_root, run, run_shim, write_conf
+from tests.twin.pve_helpers import (
+    FakeSupervisor,
+    fake_node,
+    make_hw_root,
+    make_root,
+    run,
+    run_shim,
+    write_conf,
+)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 
@@ -155,7 +163,7 @@ def test_pct_bad_vmid_and_missing_ct(root: Path) -> None:
     rc, _, err = run(root, "pct", "config", "abc")
     assert rc == 255
     assert err.startswith(
-        "400 Parameter verification failed.\nvmid: invalid format - value does not look"
+        "400 Parameter verification failed.\nvmid: type check ('integer') failed - got 'abc'"
     )
     rc, _, err = run(root, "pct", "config", "999")
     assert (rc, err) == (255, "Configuration file 'nodes/pve1/lxc/999.conf' does not exist\n")
@@ -234,21 +242,34 @@ def test_qm_set_rejections(root: Path) -> None:
     assert err.startswith("Unknown option: hostpci16\n")
 
 
-def test_qm_start_refuses_pcie_without_q35(root: Path) -> None:
+Q35_AT = " at /usr/share/perl5/PVE/QemuServer/PCI.pm line 501."
+
+
+def test_qm_start_refuses_pcie_without_q35(tmp_path: Path) -> None:
+    root = make_hw_root(tmp_path)
+    write_conf(root, "qemu", 129, VM129)
     assert run(root, "qm", "set", "129", "--hostpci0", "0000:01:00,pcie=1")[0] == 0  # set accepts
-    assert run(root, "qm", "start", "129") == (255, "", "q35 machine model is not enabled\n")
+    assert run(root, "qm", "start", "129") == (
+        255,
+        "",
+        f"q35 machine model is not enabled{Q35_AT}\n",
+    )
     assert run(root, "qm", "status", "129") == (0, "status: stopped\n", "")
 
 
-def test_qm_start_checks_host_pci_devices(root: Path) -> None:
-    (root / "sys/bus/pci/devices/0000:41:00.0").mkdir(parents=True)
-    run(root, "qm", "set", "129", "--hostpci0", "0000:01:00,pcie=1", "--machine", "q35")
-    assert run(root, "qm", "start", "129") == (255, "", "no PCI device found for '0000:01:00'\n")
+def test_qm_start_checks_host_pci_devices(tmp_path: Path) -> None:
+    root = make_hw_root(tmp_path)
+    write_conf(root, "qemu", 129, VM129)
+    run(root, "qm", "set", "129", "--hostpci0", "0000:05:00,pcie=1", "--machine", "q35")
+    assert run(root, "qm", "start", "129") == (255, "", "no PCI device found for '0000:05:00'\n")
     run(root, "qm", "set", "129", "--hostpci0", "0000:41:00,pcie=1")
     assert run(root, "qm", "start", "129") == (0, "", "")
+    assert run(root, "qm", "start", "129") == (255, "", "VM 129 already running\n")
 
 
-def test_qm_set_on_running_vm_goes_to_PENDING(root: Path) -> None:
+def test_qm_set_on_running_vm_goes_to_PENDING(tmp_path: Path) -> None:
+    root = make_hw_root(tmp_path)
+    write_conf(root, "qemu", 129, VM129)
     run(root, "qm", "set", "129", "--machine", "q35")
     assert run(root, "qm", "start", "129") == (0, "", "")
     assert run(root, "qm", "start", "129") == (255, "", "VM 129 already running\n")

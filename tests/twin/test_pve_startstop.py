@@ -77,11 +77,11 @@ def test_stopall_stops_running_guests_in_reverse_order(root: Path) -> None:
 
 
 def test_failed_start_is_a_warning_of_the_task(root: Path) -> None:
-    write_conf(root, "qemu", 105, "hostpci0: 0000:01:00,pcie=1\nstartup: up=0\n")  # no q35
+    write_conf(root, "qemu", 105, "hostpci0: 0000:01:00,pcie=1\nstartup: up=0\n")  # no such device
     rc, out, err = run(root, "pvesh", "create", "/nodes/pve1/startall", "--force", "1",
                        "--vms", "105,101", "--output-format", "json")  # fmt: skip
     assert rc == 0
-    assert "Starting VM 105 failed: q35 machine model is not enabled" in err
+    assert "Starting VM 105 failed: no PCI device found for '0000:01:00'" in err
     assert tasks.task_status(root, json.loads(out))["exitstatus"] == "WARNINGS: 1"
     assert power_log(root) == [("start", 101)]
 

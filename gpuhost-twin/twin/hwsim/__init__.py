@@ -56,7 +56,15 @@ from .machine import (
     version_key,
 )
 from .modules import KernelModules
-from .pci import PciBinding, _apply_sysfs_writes, layout_pci, sysfs_path
+from .pci import (
+    PciBinding,
+    _apply_sysfs_writes,
+    add_new_id,
+    bind_device,
+    layout_pci,
+    sysfs_path,
+    unbind_device,
+)
 from .views import KernelViews
 
 __all__ = [
@@ -75,7 +83,9 @@ __all__ = [
     "UVM_PARAMS",
     "VENDORS",
     "Hw",
+    "add_new_id",
     "apply_sysfs_writes",
+    "bind_device",
     "efivars",
     "gcc_release",
     "gpu_uuid",
@@ -89,6 +99,7 @@ __all__ = [
     "read_elf_sections",
     "refresh_uptime",
     "sysfs_path",
+    "unbind_device",
     "version_key",
 ]
 

@@ -184,3 +184,64 @@ def _apply_sysfs_writes(hw: Hw) -> bool:
         hw.write_views()
         hw.save()
     return changed
+
+
+# --- runtime rebinding through the driver control files (what qemu-server's SysFSTools writes) ---
+
+
+def _pci_match(hw: Hw, driver: str, bdf: str) -> bool:
+    """pci_match_device: driver_override decides when set; else the driver's id tables
+    (vfio-pci has only dynamic ids, from new_id)."""
+    override = hw.driver_override(bdf)
+    if override is not None:
+        return override == driver
+    dev = hw.devices()[bdf]
+    if driver == "vfio-pci":
+        return f"{dev['vendor']}:{dev['device']}" in hw.state.get("dynids", {}).get(driver, [])
+    if driver == "nvidia":
+        return dev["vendor"] == "10de" and dev["class"].startswith("03")
+    return dev.get("driver") == driver
+
+
+def add_new_id(hw: Hw, driver: str, vendor: str, device: str) -> list[str] | None:
+    """`echo "vvvv dddd" > drivers/<driver>/new_id` (new_id_store): add a dynamic id, then
+    driver_attach() probes every device without a driver that now matches, so identical
+    unbound boards are all taken. None when the id is there already (-EEXIST)."""
+    key = f"{vendor.removeprefix('0x')}:{device.removeprefix('0x')}"
+    ids = hw.state.setdefault("dynids", {}).setdefault(driver, [])
+    if key in ids:
+        return None
+    ids.append(key)
+    bound = []
+    bindings = hw.state.setdefault("bindings", {})
+    for bdf in sorted(hw.devices()):
+        if bindings.get(bdf) or not _pci_match(hw, driver, bdf):
+            continue
+        if driver == "vfio-pci" and not hw._group_of(bdf):
+            hw.klog(f"vfio-pci: probe of {bdf} failed with error -22")
+            continue
+        bindings[bdf] = driver
+        bound.append(bdf)
+    return bound
+
+
+def unbind_device(hw: Hw, bdf: str) -> str | None:
+    """`echo BDF > devices/BDF/driver/unbind`: the device loses its driver (returned)."""
+    bindings = hw.state.setdefault("bindings", {})
+    driver = bindings.get(bdf)
+    if driver:
+        bindings[bdf] = None
+    return driver
+
+
+def bind_device(hw: Hw, driver: str, bdf: str) -> bool:
+    """`echo BDF > drivers/<driver>/bind` (bind_store): only a device without a driver that
+    the driver matches; vfio-pci also needs an IOMMU group."""
+    bindings = hw.state.setdefault("bindings", {})
+    if bindings.get(bdf) or not hw.loaded(norm(driver)) or not _pci_match(hw, driver, bdf):
+        return False
+    if driver == "vfio-pci" and not hw._group_of(bdf):
+        hw.klog(f"vfio-pci: probe of {bdf} failed with error -22")
+        return False
+    bindings[bdf] = driver
+    return True

@@ -1,12 +1,16 @@
 """The twin's Proxmox API: https://<address>:8006/api2/json, API-token auth, over /etc/pve.
 
-    python -m twin.pve.api --root <twin root> --address 127.0.0.N [--port 8006] [--token-file F]
+    python -m twin.pve.api --root <twin root> --address 127.0.0.N [--port 8006]
 
 Serves the routes of twin/pve/routes.py with pveproxy's conventions (formats.md §4): responses
-wrapped as {"data": ...}; errors as HTTP status + reason (the message) and {"data": null} plus
-{"errors": {...}} for parameter errors. Auth: `Authorization: PVEAPIToken=USER@REALM!TOKENID=SECRET`
-checked against the token file (default <root>/etc/pve/priv/token.cfg, lines
-`user@realm!tokenid <secret>` like pmxcfs keeps them); anything else gets 401.
+wrapped as {"data": ...}; errors as HTTP status + reason (the message's first line) and
+{"data": null, "message": ...} plus {"errors": {...}} for parameter errors.
+Auth: `Authorization: PVEAPIToken=USER@REALM!TOKENID=SECRET`, checked like
+AccessControl::verify_token against /etc/pve/user.cfg (the user exists and is enabled, neither
+user nor token expired) and /etc/pve/priv/token.cfg (`user@realm!tokenid <secret>` lines, as
+pmxcfs keeps them). No header: 401 "No ticket"; anything wrong: 401 "Authentication failed!";
+both with an empty body after 3 s. The caller is the token id (access.py decides what it may
+do); tasks run in worker threads of this server (tasks.py).
 TLS: a self-signed certificate per twin in <root>/etc/pve/local/pve-ssl.{pem,key}, also copied to
 <root>/etc/pve/pve-root-ca.pem so clients can verify against it. Secrets are never logged.
 """
@@ -14,7 +18,6 @@ TLS: a self-signed certificate per twin in <root>/etc/pve/local/pve-ssl.{pem,key
 from __future__ import annotations
 
 import argparse
-import hmac
 import ipaddress
 import json
 import os
@@ -23,13 +26,13 @@ import ssl
 import subprocess
 import sys
 import threading
-import uuid
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
+from . import access, routes
 from . import config as cfg
-from . import routes
 from .schema import ParamError, PveError
 
 PREFIX = "/api2/json"
@@ -39,41 +42,21 @@ TOKEN_FILE = "etc/pve/priv/token.cfg"
 # --- tokens and certificates ---
 
 
-def create_token(root: Path, userid: str = "root@pam", tokenid: str = "gpuhost") -> str:
-    """Add (or replace) an API token in <root>/etc/pve/priv/token.cfg; return its secret."""
-    if not re.fullmatch(r"[^\s:!@]+@[A-Za-z][A-Za-z0-9.\-_]+", userid):
-        raise ValueError(f"userid {userid!r} is not like 'root@pam'")
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9.\-_]+", tokenid):
-        raise ValueError(f"tokenid {tokenid!r} must start with a letter (letters, digits, .-_)")
-    path = root / TOKEN_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.parent.chmod(0o700)
-    full = f"{userid}!{tokenid}"
-    lines = [ln for ln in _read_lines(path) if ln.split(" ", 1)[0] != full]
-    secret = str(uuid.uuid4())
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write("".join(f"{ln}\n" for ln in [*lines, f"{full} {secret}"]))
-    return secret
+def create_token(
+    root: Path, userid: str = "root@pam", tokenid: str = "gpuhost", privsep: bool = True
+) -> str:
+    """`pveum user token add USERID TOKENID --privsep 0|1`: token.cfg + user.cfg; the secret.
 
-
-def _read_lines(path: Path) -> list[str]:
-    try:
-        return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
-    except FileNotFoundError:
-        return []
+    A privsep token (the default, as in Proxmox) has only what access.grant() gives it."""
+    return access.add_token(root, userid, tokenid, privsep=privsep)
 
 
 def load_tokens(path: Path) -> dict[str, str]:
-    """{"user@realm!tokenid": secret}; `=` is accepted as separator too."""
-    tokens = {}
-    for line in _read_lines(path):
-        if line.startswith("#"):
-            continue
-        m = re.fullmatch(r"(\S+!\S+?)(?:\s+|=)(\S+)", line)
-        if m:
-            tokens[m.group(1)] = m.group(2)
-    return tokens
+    """{"user@realm!tokenid": secret} from a token.cfg; `=` is accepted as separator too."""
+    try:
+        return access.parse_secrets(path.read_text())
+    except FileNotFoundError:
+        return {}
 
 
 def ensure_certificate(root: Path, address: str) -> tuple[Path, Path]:
@@ -116,9 +99,12 @@ def _is_ip(text: str) -> bool:
 class ApiServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, root: Path, address: str, port: int, token_file: Path) -> None:
+    # pve-http-server delays every unauthorized answer by 3 s (AnyEvent.pm: "always delay
+    # unauthorized calls by 3 seconds"); TWIN_API_AUTH_DELAY changes it for the twin
+    auth_delay = float(os.environ.get("TWIN_API_AUTH_DELAY", "3"))
+
+    def __init__(self, root: Path, address: str, port: int) -> None:
         self.root = root
-        self.token_file = token_file
         super().__init__((address, port), ApiHandler)
 
 
@@ -143,13 +129,16 @@ class ApiHandler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
-    def _authorized(self) -> bool:
-        header = self.headers.get("Authorization", "")
-        m = re.fullmatch(r"PVEAPIToken=(\S+?!\S+?)=(\S+)", header.strip())
-        if not m:
-            return False
-        secret = load_tokens(self.server.token_file).get(m.group(1))
-        return secret is not None and hmac.compare_digest(secret, m.group(2))
+    def _caller(self) -> str:
+        """HTTPServer.pm auth_handler: the token id, or PveError 401 (reason as Proxmox gives)."""
+        header = self.headers.get("Authorization")
+        m = re.fullmatch(r"PVEAPIToken=(\S+?![^=\s]+)=(\S+)", (header or "").strip())
+        if header is None or not m:
+            raise PveError("No ticket", code=401)
+        try:
+            return access.verify_token(self.server.root, m.group(1), m.group(2))
+        except PveError:
+            raise PveError("Authentication failed!", code=401) from None
 
     def _dispatch(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -158,25 +147,32 @@ class ApiHandler(BaseHTTPRequestHandler):
         if not url.path.startswith(PREFIX + "/") and url.path != PREFIX:
             self._reply(404, "Not Found", None)
             return
-        if not self._authorized():
-            self._reply(401, "No ticket" if "Authorization" not in self.headers else
-                        "authentication failure", None)  # fmt: skip
+        try:
+            user = self._caller()
+        except PveError as exc:
+            time.sleep(self.server.auth_delay)
+            self._reply(401, exc.msg.strip(), None, raw=b"")
             return
-        params = dict(parse_qsl(url.query, keep_blank_values=True))
+        pairs = parse_qsl(url.query, keep_blank_values=True)
         if body:
             if "json" in (self.headers.get("Content-Type") or ""):
-                params.update({k: _text(v) for k, v in json.loads(body).items()})
+                pairs += [(k, _text(v)) for k, v in json.loads(body).items()]
             else:
-                params.update(parse_qsl(body, keep_blank_values=True))
+                pairs += parse_qsl(body, keep_blank_values=True)
+        params: dict[str, str | list[str]] = {}
+        for key, value in pairs:  # a repeated key becomes an array (HTTPServer, CGI-style)
+            old = params.get(key)
+            params[key] = value if old is None else [*([old] if isinstance(old, str) else old),
+                                                     value]  # fmt: skip
         path = url.path[len(PREFIX) :] or "/"
         cfg.drain_warnings()  # pveproxy sends parser warnings to syslog, not to the client
         try:
-            result = routes.call(self.server.root, method, path, params)
+            result = routes.call(self.server.root, method, path, params, user, background=True)
         except ParamError as exc:
-            self._reply(400, exc.msg.strip(), None, errors=exc.errors)
+            self._reply(400, exc.msg.strip(), None, errors=exc.errors, message=exc.text())
             return
         except PveError as exc:
-            self._reply(exc.code, exc.msg.strip().splitlines()[0], None)
+            self._reply(exc.code, exc.msg.strip().splitlines()[0], None, message=exc.msg)
             return
         except Exception as exc:  # a twin bug: answer like a crashed handler, keep serving
             self._reply(500, f"internal error: {type(exc).__name__}", None)
@@ -184,14 +180,24 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._reply(200, "OK", result.data)
 
     def _reply(
-        self, code: int, reason: str, data: object, errors: dict[str, str] | None = None
+        self,
+        code: int,
+        reason: str,
+        data: object,
+        errors: dict[str, str] | None = None,
+        message: str | None = None,
+        raw: bytes | None = None,
     ) -> None:
+        """pveproxy's JSON formatter: {"data": ...}, plus "errors" and "message" on failures."""
         payload: dict[str, object] = {"data": data}
         if errors:
             payload["errors"] = errors
-        body = json.dumps(payload).encode()
+        if message is not None:
+            payload["message"] = message
+        body = json.dumps(payload).encode() if raw is None else raw
         self.send_response(code, reason.encode("latin-1", "replace").decode("latin-1"))
-        self.send_header("Content-Type", "application/json;charset=UTF-8")
+        if raw is None:
+            self.send_header("Content-Type", "application/json;charset=UTF-8")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "max-age=0")
         self.end_headers()
@@ -204,12 +210,10 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def serve(
-    root: Path, address: str = "127.0.0.1", port: int = 8006, token_file: Path | None = None
-) -> ApiServer:
+def serve(root: Path, address: str = "127.0.0.1", port: int = 8006) -> ApiServer:
     """A ready (not yet serving) HTTPS server; call serve_forever() or run it in a thread."""
     pem, key = ensure_certificate(root, address)
-    server = ApiServer(root, address, port, token_file or root / TOKEN_FILE)
+    server = ApiServer(root, address, port)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pem, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
@@ -217,9 +221,9 @@ def serve(
 
 
 def serve_in_thread(
-    root: Path, address: str = "127.0.0.1", port: int = 8006, token_file: Path | None = None
+    root: Path, address: str = "127.0.0.1", port: int = 8006
 ) -> tuple[ApiServer, threading.Thread]:
-    server = serve(root, address, port, token_file)
+    server = serve(root, address, port)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     return server, thread
@@ -232,9 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, required=True, help="the twin's root directory")
     parser.add_argument("--address", default="127.0.0.1", help="loopback address to listen on")
     parser.add_argument("--port", type=int, default=8006)
-    parser.add_argument("--token-file", type=Path, help="default: <root>/etc/pve/priv/token.cfg")
     args = parser.parse_args(argv)
-    server = serve(args.root, args.address, args.port, args.token_file)
+    server = serve(args.root, args.address, args.port)
     print(
         f"twin Proxmox API on https://{args.address}:{args.port}{PREFIX}",
         file=sys.stderr,

@@ -4,6 +4,7 @@ pve-manager/pve-container/qemu-server API2 modules (formats.md §4); handlers re
 
 from __future__ import annotations
 
+import random
 import re
 import time
 import uuid
@@ -11,13 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import access, guest_perms, mapping, tasks
 from . import config as cfg
 from . import config_update as cu
 from . import guest_state as gs
 from . import guest_status as gst
 from . import options as opts
-from . import runtime as rt
-from . import startstop, tasks
 from .schema import ParamError, Prop, PveError, validate, verify_configid, verify_vmid
 
 Handler = Callable[[Path, dict[str, str], dict[str, str]], "Result"]
@@ -48,7 +48,7 @@ CREATE_EXTRA: dict[str, dict[str, Prop]] = {
 }
 
 
-def _node(root: Path, path_params: dict[str, str]) -> None:
+def node_check(root: Path, path_params: dict[str, str]) -> None:
     node = path_params.get("node")
     if node is not None and node != cfg.node_name(root) and node != "localhost":
         raise PveError(
@@ -57,8 +57,11 @@ def _node(root: Path, path_params: dict[str, str]) -> None:
         )
 
 
-def _vmid(path_params: dict[str, str]) -> int:
+def vmid_of(path_params: dict[str, str]) -> int:
+    """pve-vmid: type integer first, then the format (JSONSchema check_prop's order)."""
     errors: dict[str, str] = {}
+    if not re.fullmatch(r"[+-]?\d+", path_params["vmid"]):
+        raise ParamError({"vmid": f"type check ('integer') failed - got '{path_params['vmid']}'"})
     try:
         verify_vmid(path_params["vmid"])
     except Exception as exc:  # FormatError
@@ -124,22 +127,26 @@ def _host_mem(root: Path) -> int:
 
 
 def get_node_index(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-    _node(root, path)
+    node_check(root, path)
     return Result([{"name": n} for n in ("lxc", "qemu", "tasks", "version")])
 
 
 def list_guests(kind: str) -> Handler:
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-        _node(root, path)
-        return Result(gst.list_guests(root, kind, full=params.get("full") == "1"))
+        node_check(root, path)
+        rows = gst.list_guests(root, kind, full=params.get("full") == "1")
+        # only guests the caller may audit; Perl walks a hash, so no order is promised
+        rows = [r for r in rows if access.allowed(root, f"/vms/{r['vmid']}", ["VM.Audit"])]
+        random.shuffle(rows)
+        return Result(rows)
 
     return handler
 
 
 def guest_index(kind: str) -> Handler:
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-        _node(root, path)
-        cfg.load_config(root, kind, _vmid(path))
+        node_check(root, path)
+        cfg.load_config(root, kind, vmid_of(path))
         return Result([{"subdir": s} for s in ("config", "pending", "status")])
 
     return handler
@@ -147,8 +154,8 @@ def guest_index(kind: str) -> Handler:
 
 def get_config(kind: str) -> Handler:
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-        _node(root, path)
-        vmid = _vmid(path)
+        node_check(root, path)
+        vmid = vmid_of(path)
         conf = cfg.load_config(root, kind, vmid)
         snapname = params.get("snapshot")
         if snapname:
@@ -175,8 +182,8 @@ def get_config(kind: str) -> Handler:
 
 def get_pending(kind: str) -> Handler:
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-        _node(root, path)
-        conf = cfg.load_config(root, kind, _vmid(path))
+        node_check(root, path)
+        conf = cfg.load_config(root, kind, vmid_of(path))
         deletes = cfg.pending_delete(conf)
         current = conf.current(with_pending=False)
         items = []
@@ -198,8 +205,8 @@ def get_pending(kind: str) -> Handler:
 
 def put_config(kind: str) -> Handler:
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-        _node(root, path)
-        vmid = _vmid(path)
+        node_check(root, path)
+        vmid = vmid_of(path)
         update = cu.update_lxc if kind == "lxc" else cu.update_qemu
         res = update(root, vmid, params)
         return Result(None, stdout=res.stdout, warnings=res.warnings)
@@ -208,108 +215,69 @@ def put_config(kind: str) -> Handler:
 
 
 def post_qemu_config(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-    """The asynchronous variant: a 'qmconfig' task."""
-    _node(root, path)
-    vmid = _vmid(path)
-    upid = tasks.new_upid(root, "qmconfig", vmid)
-    try:
-        res = cu.update_qemu(root, vmid, params)
-    except ParamError:
-        raise  # parameter errors are answered before the worker forks
-    except PveError as exc:
-        tasks.record_task(root, upid, exc.msg)
-        return Result(upid, task_error=exc.msg)
-    tasks.record_task(root, upid, None)
-    return Result(upid, warnings=res.warnings)
+    """The asynchronous variant: a 'qmconfig' task; errors before the worker are HTTP errors.
+    With background_delay the call waits up to that many seconds: null when the task ended OK,
+    "failed to update VM N: <error>" when it failed, else the UPID (Qemu.pm update_vm_api)."""
+    node_check(root, path)
+    vmid = vmid_of(path)
+    delay = int(params["background_delay"]) if params.get("background_delay") else 0
+    started: list[tuple[str, tasks.Worker]] = []
+
+    def fork(work: Callable[[cu.UpdateResult], None]) -> cu.UpdateResult:
+        result = cu.UpdateResult()
+
+        def run(worker: tasks.Worker) -> None:
+            work(result)
+            for line in result.stdout:
+                worker.log(line)
+            for line in result.warnings:
+                worker.warn(line)
+
+        started.append(tasks.fork_worker(root, "qmconfig", vmid, run))
+        return result
+
+    cu.update_qemu(root, vmid, params, fork=fork)
+    upid, worker = started[0]
+    if delay:
+        status = tasks.wait(root, upid, timeout=delay)
+        if status["status"] == "stopped":
+            error = tasks.error_of(root, upid)
+            if error is not None:
+                raise PveError(f"failed to update VM {vmid}: {error}")
+            return Result(None)
+    status = tasks.task_status(root, upid)
+    error = tasks.error_of(root, upid) if status["status"] == "stopped" else None
+    return Result(upid, stdout=list(worker.lines), warnings=list(worker.warnings),
+                  task_error=error)  # fmt: skip
 
 
 def get_status_index(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-    _node(root, path)
+    node_check(root, path)
     return Result([{"subdir": s} for s in ("current", "start", "stop")])
 
 
 def get_status_current(kind: str) -> Handler:
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-        _node(root, path)
-        vmid = _vmid(path)
+        node_check(root, path)
+        vmid = vmid_of(path)
         if kind == "lxc":
             data = gst.lxc_status(root, vmid)
         else:
             data = gst.qemu_status(root, vmid, full=True)
-            data["agent"] = 0
+            agent = cfg.load_config(root, "qemu", vmid).main.values.get("agent", "")
+            if re.match(r"(enabled=)?1(,|$)", agent):
+                data["agent"] = 1  # reported only when the agent is enabled
         data["ha"] = {"managed": 0}
         return Result(data)
 
     return handler
 
 
-def post_status(kind: str, action: str) -> Handler:
-    def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-        _node(root, path)
-        vmid = _vmid(path)
-        cfg.load_config(root, kind, vmid)
-        word = gs.guest_word(kind)
-        task_type = {"lxc": "vz", "qemu": "qm"}[kind] + action
-        # checked before the worker forks, like the API2 status handlers do
-        if action == "start" and gs.is_running(root, kind, vmid):
-            raise PveError(f"{word} {vmid} already running")
-        if action == "stop" and kind == "lxc" and not gs.is_running(root, kind, vmid):
-            raise PveError(f"CT {vmid} not running")
-        upid = tasks.new_upid(root, task_type, vmid)
-        error = _run_status_task(root, kind, action, vmid)
-        tasks.record_task(root, upid, error)
-        return Result(upid, task_error=error)
-
-    return handler
-
-
-def _run_status_task(root: Path, kind: str, action: str, vmid: int) -> str | None:
-    try:
-        if kind == "qemu":
-            (rt.start_qemu if action == "start" else rt.stop_qemu)(root, vmid)
-            return None
-        answer = (rt.start_lxc if action == "start" else rt.stop_lxc)(root, vmid)
-    except PveError as exc:
-        return exc.msg
-    if answer.get("rc") != 0:
-        return str(answer.get("stderr") or "") or f"{action} of CT {vmid} failed"
-    return None
-
-
-def _power_one(action: str) -> startstop.Starter:
-    def run(root: Path, kind: str, vmid: int) -> str | None:
-        return _run_status_task(root, kind, action, vmid)
-
-    return run
-
-
-def post_startall(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-    """POST /nodes/{node}/startall (pve-manager Nodes.pm): a `startall` task; its failures
-    inside are warnings, so the task ends `WARNINGS: n`, never an error."""
-    _node(root, path)
-    upid = tasks.new_upid(root, "startall", "")
-    warnings = startstop.startall(
-        root, _power_one("start"), force=params.get("force") == "1", vms=params.get("vms")
-    )
-    tasks.record_task(root, upid, None, warnings=len(warnings))
-    return Result(upid, warnings=warnings)
-
-
-def post_stopall(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-    """POST /nodes/{node}/stopall: a `stopall` task, reverse startup order (startstop.py).
-    `timeout` and `force-stop` are accepted and validated; the twin's stop is immediate."""
-    _node(root, path)
-    upid = tasks.new_upid(root, "stopall", "")
-    warnings = startstop.stopall(root, _power_one("stop"), vms=params.get("vms"))
-    tasks.record_task(root, upid, None, warnings=len(warnings))
-    return Result(upid, warnings=warnings)
-
-
 def create_guest(kind: str) -> Handler:
     """POST /nodes/{node}/{lxc,qemu}: write the config (the twin allocates no storage)."""
 
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-        _node(root, path)
+        node_check(root, path)
         schema = dict(cu.LXC_UPDATE_SCHEMA if kind == "lxc" else cu.QEMU_UPDATE_SCHEMA)
         for key in ("delete", "revert", "digest", "skiplock", "force", "background_delay"):
             schema.pop(key, None)
@@ -317,6 +285,12 @@ def create_guest(kind: str) -> Handler:
         validate(params, schema)
         params = dict(params)
         vmid = int(params.pop("vmid"))
+        access.check(root, f"/vms/{vmid}", ["VM.Allocate"])
+        for key, value in params.items():  # check_vm_create_hostpci_perm, devN for CTs
+            if kind == "qemu" and re.fullmatch(r"hostpci\d+", key):
+                guest_perms.check_hostpci(root, vmid, key, value)
+            if kind == "lxc" and re.fullmatch(r"dev\d+", key):
+                guest_perms.check_lxc_options(root, vmid, [key], [])
         word = gs.guest_word(kind)
         if (
             cfg.config_path(root, kind, vmid).exists()
@@ -345,8 +319,8 @@ def create_guest(kind: str) -> Handler:
             conf.main.values.setdefault("smbios1", f"uuid={uuid.uuid4()}")
             conf.main.values.setdefault("vmgenid", str(uuid.uuid4()))
         cfg.save_config(root, conf)
-        upid = tasks.new_upid(root, "vzcreate" if kind == "lxc" else "qmcreate", vmid)
-        tasks.record_task(root, upid, None)
+        upid, _ = tasks.fork_worker(root, "vzcreate" if kind == "lxc" else "qmcreate", vmid,
+                                    lambda w: None)  # fmt: skip
         return Result(upid)
 
     return handler
@@ -363,19 +337,52 @@ def _allocate(key: str, value: str, vmid: int) -> str:
 
 def delete_guest(kind: str) -> Handler:
     def handler(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-        _node(root, path)
-        vmid = _vmid(path)
+        node_check(root, path)
+        vmid = vmid_of(path)
         cfg.load_config(root, kind, vmid)
         if gs.is_running(root, kind, vmid):
             raise PveError(f"{gs.guest_word(kind)} {vmid} is running - destroy failed")
         cfg.config_path(root, kind, vmid).unlink()
-        upid = tasks.new_upid(root, "vzdestroy" if kind == "lxc" else "qmdestroy", vmid)
-        tasks.record_task(root, upid, None)
+        upid, _ = tasks.fork_worker(root, "vzdestroy" if kind == "lxc" else "qmdestroy", vmid,
+                                    lambda w: None)  # fmt: skip
         return Result(upid)
 
     return handler
 
 
 def get_task_status(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-    _node(root, path)
+    node_check(root, path)
     return Result(tasks.task_status(root, path["upid"]))
+
+
+def get_task_log(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
+    """GET /nodes/{node}/tasks/{upid}/log: [{n, t}] lines (no paging in the twin)."""
+    node_check(root, path)
+    lines = tasks.task_log(root, path["upid"])
+    return Result([{"n": i + 1, "t": t} for i, t in enumerate(lines)])
+
+
+# --- /cluster/mapping/pci (mapping.py) ---
+
+
+def get_mappings(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
+    return Result(mapping.api_list(root, params))
+
+
+def get_mapping(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
+    return Result(mapping.api_get(root, path["id"]))
+
+
+def post_mapping(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
+    mapping.api_create(root, params)
+    return Result(None)
+
+
+def put_mapping(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
+    mapping.api_update(root, path["id"], params)
+    return Result(None)
+
+
+def delete_mapping(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
+    mapping.api_delete(root, path["id"])
+    return Result(None)

@@ -66,6 +66,10 @@ def get_options(
                 out.err(f"Option {name} requires an argument")
                 failed = True
                 continue
+        if prop.extra.get("array"):  # an array property: the option repeats (--map a --map b)
+            opts.setdefault(name, [])  # type: ignore[arg-type]
+            opts[name].append(value)  # type: ignore[attr-defined]
+            continue
         opts[name] = value
     if failed:
         raise PveError("unable to parse option", code=400, usage=usage)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import access, guest_perms, lxc_devices
 from . import config as cfg
-from . import lxc_devices
 from . import options as opts
 from .guest_state import (
     config_lock,
@@ -21,9 +22,11 @@ from .guest_state import (
     is_running,
 )
 from .schema import (
+    FormatError,
     ParamError,
     Prop,
     PveError,
+    parse_property_string,
     split_list,
     validate,
     verify_configid_list,
@@ -37,8 +40,13 @@ LXC_FASTPLUG = {"description", "onboot", "startup", "protection", "hostname", "h
 LXC_HOTPLUG = {"cpulimit", "cpuunits", "memory", "swap"}  # cgroup changes on a live CT
 
 
-QEMU_FASTPLUG = {"name", "onboot", "shares", "startup", "description", "protection",
-                 "vmstatestorage", "hookscript", "tags", "lock"}  # fmt: skip
+# qemu-server $fast_plug_option plus the cloud-init options: applied at once on a running VM.
+# What QEMU would hot-plug (net, disks, usb, cpu, memory with `hotplug`) stays pending in the
+# twin, which runs no QEMU; hostpciN and machine stay pending on a real VM too.
+QEMU_FASTPLUG = {"description", "hookscript", "lock", "migrate_downtime", "migrate_speed", "name",
+                 "onboot", "protection", "shares", "startup", "tags", "vmstatestorage",
+                 "cicustom", "cipassword", "citype", "ciupgrade", "ciuser", "nameserver",
+                 "searchdomain", "sshkeys"}  # fmt: skip
 
 
 # formats.md §1: on PVE 8 a devN set on a running CT waits in [pve:pending] for the next start
@@ -49,7 +57,7 @@ HOTPLUG_NEW_LXC_DEVICES = False
 COMMON_UPDATE = {
     "delete": Prop(format=verify_configid_list),
     "revert": Prop(format=verify_configid_list),
-    "digest": Prop(max_length=64),
+    "digest": Prop(max_length=40),  # pve-common Tools.pm: a SHA-1 in hex
 }
 
 
@@ -64,6 +72,10 @@ QEMU_UPDATE_SCHEMA: dict[str, Prop] = {
     **COMMON_UPDATE,
     "skiplock": Prop(type="boolean"),
     "force": Prop(type="boolean"),
+}
+# POST .../config only (Qemu.pm update_vm_async): wait up to N s for the worker
+QEMU_POST_SCHEMA: dict[str, Prop] = {
+    **QEMU_UPDATE_SCHEMA,
     "background_delay": Prop(type="integer", minimum=1, maximum=30),
 }
 
@@ -158,6 +170,7 @@ def update_lxc(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
     with config_lock(root, "lxc", vmid):
         conf = cfg.load_config(root, "lxc", vmid)
         _check_lock_and_digest(conf, digest)
+        guest_perms.check_lxc_options(root, vmid, list(params), deletes)
         running = is_running(root, "lxc", vmid)
         pend = cfg.pending_delete(conf)
         for opt in reverts:
@@ -209,18 +222,30 @@ def update_lxc(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
     return result
 
 
-def update_qemu(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
-    """PUT /nodes/{node}/qemu/{vmid}/config (qm set): prints 'update VM <id>: ...'."""
+Fork = Callable[[Callable[[UpdateResult], None]], UpdateResult]
+
+
+def update_qemu(
+    root: Path, vmid: int, params: dict[str, str], fork: Fork | None = None
+) -> UpdateResult:
+    """PUT (fork=None: in the foreground) or POST .../config (qm set): update_vm_api.
+
+    Parameter and generic permission errors, a missing VM, a digest mismatch and a lock are
+    raised before the worker; hostpci permissions, hotplug and apply happen inside it."""
     params = dict(params)
-    validate(params, QEMU_UPDATE_SCHEMA)
+    validate(params, QEMU_POST_SCHEMA if fork else QEMU_UPDATE_SCHEMA)
     paramarr = []
     for key in sorted(params):
+        if key in ("digest", "background_delay"):
+            continue
         value = "<hidden>" if key == "cipassword" else params[key]
         paramarr += [f"-{key}", value]
     digest = params.pop("digest", None)
-    skiplock = params.pop("skiplock", None) == "1"
-    params.pop("force", None)
     params.pop("background_delay", None)
+    skiplock = params.pop("skiplock", None) == "1"
+    if skiplock and access.caller() != access.ROOT:
+        raise ParamError({"skiplock": "Only root may use this option."})
+    params.pop("force", None)
     deletes = ["ide2" if d == "cdrom" else d for d in split_list(params.pop("delete", ""))]
     reverts = split_list(params.pop("revert", ""))
     if "cdrom" in params:
@@ -228,51 +253,95 @@ def update_qemu(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
     if not deletes and not reverts and not params:
         raise PveError("no options specified")
     _check_delete_list(opts.QEMU_OPTIONS, params, deletes, reverts)
-    result = UpdateResult()
+    guest_perms.check_qemu_options(root, vmid, deletes)
+    guest_perms.check_qemu_options(root, vmid, list(params))
     with config_lock(root, "qemu", vmid):
         conf = cfg.load_config(root, "qemu", vmid)
-        _check_lock_and_digest(conf, digest, skiplock)
-        result.stdout.append(f"update VM {vmid}: " + " ".join(paramarr))
-        running = is_running(root, "qemu", vmid)
+        if digest and digest != conf.digest:
+            raise PveError("checksum mismatch (file change by other user?)")
+        lock = conf.main.values.get("lock")
+        if lock and not skiplock:
+            raise PveError(f"VM is locked ({lock})")
+
+    def work(result: UpdateResult) -> None:
+        with config_lock(root, "qemu", vmid):
+            conf = cfg.load_config(root, "qemu", vmid)
+            result.stdout.append(f"update VM {vmid}: " + " ".join(paramarr))
+            _qemu_changes(root, conf, dict(params), list(deletes), reverts, result)
+            cfg.save_config(root, conf)
+
+    if fork is None:
+        result = UpdateResult()
+        work(result)
+        return result
+    return fork(work)
+
+
+def _qemu_changes(root: Path, conf: cfg.GuestConfig, params: dict[str, str], deletes: list[str],
+                  reverts: list[str], result: UpdateResult) -> None:  # fmt: skip
+    vmid = conf.vmid
+    running = is_running(root, "qemu", vmid)
+    pend = cfg.pending_delete(conf)
+    for opt in reverts:
+        if opt in conf.main.values:
+            params[opt] = conf.main.values[opt]
+        elif opt in conf.pending.values:
+            deletes.append(opt)
+    for opt in deletes:
+        if (
+            opt not in conf.main.values
+            and opt not in conf.pending.values
+            and not (opt == "description" and conf.main.description is not None)
+        ):
+            result.warnings.append(f"cannot delete '{opt}' - not set in current configuration!")
+            continue
+        old = conf.pending.values.get(opt, conf.main.values.get(opt, ""))
+        if re.fullmatch(r"hostpci\d+", opt):
+            guest_perms.check_hostpci(root, vmid, opt, old)
+        elif re.fullmatch(r"(serial|usb)\d+", opt):
+            guest_perms.check_serial_usb(root, vmid, opt, old, delete=True)
+        conf.pending.values.pop(opt, None)
+        if opt == "description":
+            conf.main.description = None
+        elif opt in ("tags",) or opt.startswith("unused"):
+            conf.main.values.pop(opt, None)
+        else:
+            pend[opt] = False
+    cfg.set_pending_delete(conf, pend)
+    for opt, value in params.items():
+        if re.fullmatch(r"hostpci\d+", opt):
+            if conf.main.values.get(opt):
+                guest_perms.check_hostpci(root, vmid, opt, conf.main.values[opt])
+            guest_perms.check_hostpci(root, vmid, opt, value)
+        elif re.fullmatch(r"(serial|usb)\d+", opt):
+            guest_perms.check_serial_usb(root, vmid, opt, value, delete=False)
+        if opt == "machine":
+            assert_valid_machine(value)
+        if opt == "description":
+            conf.main.description = value
+            continue
+        conf.pending.values[opt] = value
         pend = cfg.pending_delete(conf)
-        for opt in reverts:
-            if opt in conf.main.values:
-                params[opt] = conf.main.values[opt]
-            elif opt in conf.pending.values:
-                deletes.append(opt)
-        for opt in deletes:
-            if (
-                opt not in conf.main.values
-                and opt not in conf.pending.values
-                and not (opt == "description" and conf.main.description is not None)
-            ):
-                result.warnings.append(f"cannot delete '{opt}' - not set in current configuration!")
-                continue
-            conf.pending.values.pop(opt, None)
-            if opt == "description":
-                conf.main.description = None
-            elif opt in ("tags",) or opt.startswith("unused"):
-                conf.main.values.pop(opt, None)
-            else:
-                pend[opt] = False
+        pend.pop(opt, None)
         cfg.set_pending_delete(conf, pend)
-        for opt, value in params.items():
-            if opt == "description":
-                conf.main.description = value
-                continue
-            conf.pending.values[opt] = value
-            pend = cfg.pending_delete(conf)
-            pend.pop(opt, None)
-            cfg.set_pending_delete(conf, pend)
-        _cleanup_pending(conf)
-        _apply(conf, QEMU_FASTPLUG if running else None)
-        cfg.save_config(root, conf)
-    return result
+    _cleanup_pending(conf)
+    _apply(conf, QEMU_FASTPLUG if running else None)
 
 
-def _check_lock_and_digest(conf: cfg.GuestConfig, digest: str | None, skip: bool = False) -> None:
+def assert_valid_machine(value: str) -> None:
+    """Machine.pm assert_valid_machine_property (on update, and again at start)."""
+    try:
+        machine = parse_property_string(opts.MACHINE_FMT, value)
+    except FormatError:
+        return  # the schema check reported it already
+    if machine.get("viommu") == "intel" and "q35" not in machine.get("type", ""):
+        raise PveError("to use Intel vIOMMU please set the machine type to q35")
+
+
+def _check_lock_and_digest(conf: cfg.GuestConfig, digest: str | None) -> None:
+    """pve-container update_pct_config: the lock first, then the digest."""
     lock = conf.main.values.get("lock")
-    if lock and not skip:
+    if lock:
         raise PveError(f"{guest_word(conf.kind)} is locked ({lock})")
     if digest and digest != conf.digest:
         raise PveError("detected modified configuration - file changed by other user? Try again.")

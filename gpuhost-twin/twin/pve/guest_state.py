@@ -38,6 +38,16 @@ def config_lock(root: Path, kind: str, vmid: int) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def file_lock(root: Path, name: str) -> Iterator[None]:
+    """cfs_lock_file for a cluster-wide file (e.g. mapping/pci.cfg): one writer at a time."""
+    lockdir = root / "run/lock/pve-cluster"
+    lockdir.mkdir(parents=True, exist_ok=True)
+    with open(lockdir / f"{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def state_path(root: Path, kind: str, vmid: int) -> Path:
     return root / RUN / ("ct" if kind == "lxc" else "qemu") / f"{vmid}.json"
 
@@ -99,3 +109,16 @@ def supervisor_request(root: Path, request: dict[str, object]) -> dict[str, obje
         f"twin: the supervisor did not answer '{request.get('op')}' within "
         f"{supervisor_timeout():g} s ({where})"
     )
+
+
+def set_acpi_ignored(root: Path, vmid: int, ignored: bool = True) -> None:
+    """Twin knob: make a running VM's (absent) guest OS ignore ACPI powerdown requests, so a
+    shutdown runs into its timeout. Holds until the VM stops."""
+    state = running_state(root, "qemu", vmid)
+    if state is None:
+        raise PveError(f"VM {vmid} not running")
+    state["acpi_ignored"] = ignored
+    path = state_path(root, "qemu", vmid)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(state) + "\n")
+    os.replace(tmp, path)

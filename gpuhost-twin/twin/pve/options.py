@@ -225,6 +225,8 @@ MACHINE_FMT: dict[str, Prop] = {
         r"(\+pve\d+)?(\.pxe)?|virt(?:-\d+(\.\d+)+)?(\+pve\d+)?)",
     ),
     "viommu": Prop(enum=("intel", "virtio")),
+    "enable-s3": _bool(),
+    "enable-s4": _bool(),
 }
 
 

@@ -134,7 +134,7 @@ def guest_tool(kind: str, root: Path, argv: list[str], out: Output) -> int:
 
 
 def _vmid_of(text: str) -> str:
-    return str(api_handlers._vmid({"vmid": text}))
+    return str(api_handlers.vmid_of({"vmid": text}))
 
 
 def _start_stop(kind: str, cmd: str, root: Path, vmid: int, out: Output) -> int:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import access, mapping, tasks
 from . import config_update as cu
 from .api_handlers import (
     CREATE_EXTRA,
@@ -19,23 +20,27 @@ from .api_handlers import (
     Result,
     create_guest,
     delete_guest,
+    delete_mapping,
     get_config,
+    get_mapping,
+    get_mappings,
     get_node_index,
     get_nodes,
     get_pending,
     get_status_current,
     get_status_index,
+    get_task_log,
     get_task_status,
     get_version,
     guest_index,
     list_guests,
+    post_mapping,
     post_qemu_config,
-    post_startall,
-    post_status,
-    post_stopall,
     put_config,
+    put_mapping,
 )
-from .schema import Prop, PveError, split_list, validate, verify_configid, verify_vmid
+from .api_power import post_startall, post_status, post_stopall
+from .schema import ParamError, Prop, PveError, split_list, validate, verify_configid, verify_vmid
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,9 @@ class Route:
     pattern: str  # with {name} placeholders
     handler: Handler
     params: dict[str, Prop] = field(default_factory=dict)
+    # the method's `permissions => {check => ['perm', PATH, PRIVS, any => 1]}`, checked before
+    # the handler runs; None: `user => 'all'` (the handler checks what it needs itself)
+    perm: tuple[str, tuple[str, ...], bool] | None = None
 
     def match(self, path: str) -> dict[str, str] | None:
         regex = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(self.pattern))
@@ -56,6 +64,20 @@ _CONFIG_GET = {"current": _BOOL, "snapshot": Prop(format=verify_configid)}
 _START = {"skiplock": _BOOL, "debug": _BOOL, "timeout": Prop(type="integer", minimum=0)}
 _STOP = {"skiplock": _BOOL, "timeout": Prop(type="integer", minimum=0), "keepActive": _BOOL,
          "overrule-shutdown": _BOOL}  # fmt: skip
+_SHUTDOWN = {
+    "qemu": {"skiplock": _BOOL, "timeout": Prop(type="integer", minimum=0), "keepActive": _BOOL,
+             "forceStop": _BOOL},
+    "lxc": {"timeout": Prop(type="integer", minimum=0), "forceStop": _BOOL},
+}  # fmt: skip
+_REBOOT = {"timeout": Prop(type="integer", minimum=0)}
+# qemu-server / pve-container $vm_config_perm_list: PUT/POST config need any one of them
+_CONFIG_PRIVS = ("VM.Config.Disk", "VM.Config.CDROM", "VM.Config.CPU", "VM.Config.Memory",
+                 "VM.Config.Network", "VM.Config.HWType", "VM.Config.Options",
+                 "VM.Config.Cloudinit")  # fmt: skip
+_AUDIT = ("/vms/{vmid}", ("VM.Audit",), False)
+_POWER = ("/vms/{vmid}", ("VM.PowerMgmt",), False)
+_ALLOCATE = ("/vms/{vmid}", ("VM.Allocate",), False)
+_CONFIGURE = ("/vms/{vmid}", _CONFIG_PRIVS, True)
 
 
 def _verify_vmid_list(value: str) -> None:
@@ -78,7 +100,16 @@ ROUTES: list[Route] = [
     Route("GET", "/nodes", get_nodes),
     Route("GET", "/nodes/{node}", get_node_index),
     Route("GET", "/nodes/{node}/tasks/{upid}/status", get_task_status),
-]
+    Route("GET", "/nodes/{node}/tasks/{upid}/log", get_task_log,
+          {"start": Prop(type="integer", minimum=0), "limit": Prop(type="integer", minimum=0)}),
+    Route("GET", "/cluster/mapping/pci", get_mappings, {"check-node": Prop()}),
+    Route("POST", "/cluster/mapping/pci", post_mapping,
+          {**mapping.CREATE_SCHEMA, "map": Prop(extra={"array": True})}),
+    Route("GET", "/cluster/mapping/pci/{id}", get_mapping),
+    Route("PUT", "/cluster/mapping/pci/{id}", put_mapping,
+          {**mapping.UPDATE_SCHEMA, "map": Prop(extra={"array": True})}),
+    Route("DELETE", "/cluster/mapping/pci/{id}", delete_mapping),
+]  # fmt: skip
 for _kind in ("lxc", "qemu"):
     _base = f"/nodes/{{node}}/{_kind}"
     _upd = dict(cu.LXC_UPDATE_SCHEMA if _kind == "lxc" else cu.QEMU_UPDATE_SCHEMA)
@@ -90,17 +121,23 @@ for _kind in ("lxc", "qemu"):
         Route("GET", _base, list_guests(_kind), {"full": _BOOL} if _kind == "qemu" else {}),
         Route("POST", _base, create_guest(_kind), _create),
         Route("GET", f"{_base}/{{vmid}}", guest_index(_kind)),
-        Route("DELETE", f"{_base}/{{vmid}}", delete_guest(_kind), {"purge": _BOOL, "force": _BOOL}),
-        Route("GET", f"{_base}/{{vmid}}/config", get_config(_kind), _CONFIG_GET),
-        Route("PUT", f"{_base}/{{vmid}}/config", put_config(_kind), _upd),
-        Route("GET", f"{_base}/{{vmid}}/pending", get_pending(_kind)),
+        Route("DELETE", f"{_base}/{{vmid}}", delete_guest(_kind), {"purge": _BOOL, "force": _BOOL},
+              _ALLOCATE),
+        Route("GET", f"{_base}/{{vmid}}/config", get_config(_kind), _CONFIG_GET, _AUDIT),
+        Route("PUT", f"{_base}/{{vmid}}/config", put_config(_kind), _upd, _CONFIGURE),
+        Route("GET", f"{_base}/{{vmid}}/pending", get_pending(_kind), {}, _AUDIT),
         Route("GET", f"{_base}/{{vmid}}/status", get_status_index),
-        Route("GET", f"{_base}/{{vmid}}/status/current", get_status_current(_kind)),
-        Route("POST", f"{_base}/{{vmid}}/status/start", post_status(_kind, "start"), _START),
-        Route("POST", f"{_base}/{{vmid}}/status/stop", post_status(_kind, "stop"), _STOP),
-    ]
+        Route("GET", f"{_base}/{{vmid}}/status/current", get_status_current(_kind), {}, _AUDIT),
+        Route("POST", f"{_base}/{{vmid}}/status/start", post_status(_kind, "start"), _START,
+              _POWER),
+        Route("POST", f"{_base}/{{vmid}}/status/stop", post_status(_kind, "stop"), _STOP, _POWER),
+        Route("POST", f"{_base}/{{vmid}}/status/shutdown", post_status(_kind, "shutdown"),
+              _SHUTDOWN[_kind], _POWER),
+        Route("POST", f"{_base}/{{vmid}}/status/reboot", post_status(_kind, "reboot"), _REBOOT,
+              _POWER),
+    ]  # fmt: skip
 ROUTES.append(Route("POST", "/nodes/{node}/qemu/{vmid}/config", post_qemu_config,
-                    dict(cu.QEMU_UPDATE_SCHEMA)))  # fmt: skip
+                    dict(cu.QEMU_POST_SCHEMA), _CONFIGURE))  # fmt: skip
 
 
 def find_route(method: str, path: str) -> tuple[Route, dict[str, str]] | None:
@@ -117,19 +154,59 @@ def path_exists(path: str) -> bool:
     return any(r.match("/" + path.strip("/")) is not None for r in ROUTES)
 
 
-def call(root: Path, method: str, path: str, params: dict[str, str]) -> Result:
-    """Run one API call; params are validated against the route's schema (HTTP 400)."""
+Params = dict[str, "str | list[str]"]
+_LIST_FORMATS = {"delete", "revert", "vms"}  # '-list' formats: repeated keys are joined
+
+
+def call(root: Path, method: str, path: str, params: Params, user: str = access.ROOT,
+         background: bool = False) -> Result:  # fmt: skip
+    """Run one API call as ``user`` (root@pam: pvesh/qm; a token id over HTTPS). Permissions
+    (403) come first, then the route's schema (400); ``background`` runs tasks in threads."""
     found = find_route(method, path)
     if found is None:
         raise PveError(f"Method '{method} {path}' not implemented", code=501)
     route, path_params = found
-    if route.handler not in _SELF_VALIDATING:
-        validate(params, route.params)
-    return route.handler(root, path_params, params)
+    token = access.set_caller(user)
+    try:
+        if route.perm is not None:
+            where, privs, any_of = route.perm
+            for name, value in path_params.items():
+                where = where.replace("{" + name + "}", value)
+            access.check(root, where, list(privs), any_of=any_of)
+        flat = _normalize(params, keep_arrays=route.handler in _ARRAY_PARAMS)
+        if route.handler not in _SELF_VALIDATING:
+            validate(flat, route.params)  # type: ignore[arg-type]
+        if background:
+            with tasks.background():
+                return route.handler(root, path_params, flat)  # type: ignore[arg-type]
+        return route.handler(root, path_params, flat)  # type: ignore[arg-type]
+    finally:
+        access.reset_caller(token)
+
+
+def _normalize(params: Params, keep_arrays: bool) -> Params:
+    """RESTHandler $normalize_legacy_param_formats: a repeated key is joined for '-list'
+    formats, kept for array properties (`map`), a type error anywhere else."""
+    out: Params = {}
+    errors = {}
+    for key, value in params.items():
+        if isinstance(value, list):
+            if key in _LIST_FORMATS:
+                value = ",".join(value)
+            elif not (keep_arrays and key == "map"):
+                errors[key] = "type check ('string') failed - got ARRAY"
+        out[key] = value
+    if errors:
+        raise ParamError(errors)
+    return out
+
+
+_ARRAY_PARAMS: set[Handler] = {post_mapping, put_mapping}
+# the mapping handlers validate themselves (`map` is an array)
+_SELF_VALIDATING: set[Handler] = {post_mapping, put_mapping}
 
 
 # PUT/POST config and create validate themselves (they have extra rules around the schema)
-_SELF_VALIDATING: set[Handler] = set()
 for _route in ROUTES:
     if _route.method in ("PUT", "POST") and (
         _route.pattern.endswith("/config") or _route.pattern.endswith(("/lxc", "/qemu"))

@@ -9,21 +9,18 @@ qm set, pending changes), guest_status (status and lists), tasks (UPIDs).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from . import config as cfg
-from . import options as opts
-from .config_update import apply_pending
+from . import passthrough
+from .config_update import apply_pending, assert_valid_machine
 from .guest_state import (
     is_running,
     set_running,
     supervisor_request,
 )
-from .schema import (
-    FormatError,
-    PveError,
-    parse_property_string,
-)
+from .schema import PveError
 
 QEMU_MACHINE_VERSION = "9.2+pve1"
 
@@ -54,40 +51,6 @@ def exec_lxc(root: Path, vmid: int, argv: list[str], stdin: str | None) -> dict[
     return supervisor_request(root, {"op": "ct-exec", "ctid": vmid, "argv": argv, "stdin": stdin})
 
 
-def check_hostpci(root: Path, values: dict[str, str]) -> None:
-    """PVE::QemuServer::PCI::parse_hostpci_devices: what `qm start` refuses."""
-    machine = values.get("machine", "")
-    q35 = "q35" in machine
-    seen: set[str] = set()
-    for i in range(16):
-        value = values.get(f"hostpci{i}")
-        if not value:
-            continue
-        try:
-            dev = parse_property_string(opts.HOSTPCI_FMT, value)
-        except FormatError as exc:
-            raise PveError(f"unable to parse value of 'hostpci{i}' - {exc}") from None
-        if "host" in dev and "mapping" in dev:
-            raise PveError("Cannot set both 'host' and 'mapping'.")
-        if "mapping" in dev:
-            raise PveError(f"PCI device mapping not found for '{dev['mapping']}'")
-        if "host" not in dev:
-            raise PveError("Either 'host' or 'mapping' must be set.")
-        devices = root / "sys/bus/pci/devices"
-        for pciid in dev["host"].split(";"):
-            full = pciid if re.match(r"[a-f0-9]{4,}:[a-f0-9]{2}:", pciid) else f"0000:{pciid}"
-            if devices.is_dir():  # the hardware simulation's sysfs; absent in pure tests
-                found = sorted(p.name for p in devices.iterdir() if p.name.startswith(full))
-                if not found:
-                    raise PveError(f"no PCI device found for '{pciid}'")
-                for bdf in found:
-                    if bdf in seen:
-                        raise PveError(f"device '{bdf}' assigned more than once")
-                    seen.add(bdf)
-        if dev.get("pcie") == "1" and not q35:
-            raise PveError("q35 machine model is not enabled")
-
-
 def running_machine(machine: str) -> str:
     """What `query-machines` would report for a started VM (constructed, QEMU 9.2)."""
     mtype = machine.split(",")[0].removeprefix("type=") if machine else ""
@@ -97,21 +60,46 @@ def running_machine(machine: str) -> str:
     return f"{base}-{QEMU_MACHINE_VERSION}"
 
 
-def start_qemu(root: Path, vmid: int) -> None:
-    """qm start, state only: checks what QEMU would refuse, then records the VM as running."""
-    cfg.load_config(root, "qemu", vmid)
+def start_qemu(
+    root: Path,
+    vmid: int,
+    skiplock: bool = False,
+    warn: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> None:
+    """QemuServer::vm_start, state only: the config checks and the host's PCI passthrough work
+    (passthrough.py) that qemu-server does, then the VM is recorded as running (no QEMU)."""
+    warn = warn or (lambda _msg: None)
+    log = log or (lambda _msg: None)
+    conf = cfg.load_config(root, "qemu", vmid)
+    if conf.main.values.get("template") == "1":
+        raise PveError("you can't start a vm if it's a template")
+    lock = conf.main.values.get("lock")
+    if lock and not skiplock:
+        raise PveError(f"VM is locked ({lock})")
     if is_running(root, "qemu", vmid):
         raise PveError(f"VM {vmid} already running")
     apply_pending(root, "qemu", vmid)
     conf = cfg.load_config(root, "qemu", vmid)
-    check_hostpci(root, conf.main.values)
+    assert_valid_machine(conf.main.values.get("machine", ""))
+    ids = passthrough.start_devices(root, vmid, conf.main.values, warn, log)
     machine = running_machine(conf.main.values.get("machine", ""))
     set_running(root, "qemu", vmid, True, pid=_fake_pid(vmid), machine=machine)
+    passthrough.reserve(root, ids, vmid, timeout=None, pid=_fake_pid(vmid), warn=warn)
 
 
-def stop_qemu(root: Path, vmid: int) -> None:
-    cfg.load_config(root, "qemu", vmid)
-    set_running(root, "qemu", vmid, False)  # vm_stop returns quietly when not running
+def stop_qemu(root: Path, vmid: int, skiplock: bool = False) -> None:
+    """vm_stop: quiet when not running; a lock refuses; vm_stop_cleanup releases the PCI
+    reservations and applies pending changes (the devices stay bound to vfio-pci)."""
+    conf = cfg.load_config(root, "qemu", vmid)
+    if not is_running(root, "qemu", vmid):
+        return
+    lock = conf.main.values.get("lock")
+    if lock and not skiplock:
+        raise PveError(f"VM is locked ({lock})")
+    set_running(root, "qemu", vmid, False)
+    passthrough.remove_reservation(root, vmid)
+    apply_pending(root, "qemu", vmid)
 
 
 def _fake_pid(vmid: int) -> int:
