@@ -202,6 +202,7 @@ def plan_vm_gpus(
                 )
                 continue
             hostpci[key] = value
+        delete = tuple(k for k in delete if k not in hostpci)  # a new value replaces it
         machine = vm_machines.get(vmid)
         current_machine = config.current.options.get("machine")
         split.vms[vmid] = VmGpus(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -49,7 +50,7 @@ def inventory(path: Path, twin: TwinHandle, spec: dict) -> Path:
     return path
 
 
-def deploy(inventory_file: Path, *args: str) -> Deploy:
+def deploy(inventory_file: Path, *args: str, env: dict[str, str] | None = None) -> Deploy:
     run = subprocess.run(
         # --dry without -y: pyinfra then runs change detection and lists what would change
         [str(PYINFRA), *(args or ["-y"]), str(inventory_file), "deploys/gpu_host.py"],
@@ -57,6 +58,7 @@ def deploy(inventory_file: Path, *args: str) -> Deploy:
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **(env or {})},
     )
     return Deploy(run.returncode, run.stdout + run.stderr)
 

@@ -100,3 +100,12 @@ def test_pci_mapping_section_config() -> None:
         "id=10de:2bb1,node=kpro7,path=0000:41:00",
     )
     assert mappings["nic0"].description is None
+
+
+def test_a_stale_owned_entry_is_overwritten_in_place_not_deleted_and_set() -> None:
+    # Proxmox refuses to set and delete one key in one call (400)
+    conf = "machine: q35\nname: vm129\nhostpci0: mapping=gpuhost-0000-c1-00,pcie=1\nhostpci1: mapping=gpuhost-0000-41-00,pcie=1\n"
+    facts = kpro6(PveGuestConfigs=configs(("/etc/pve/qemu-server/129.conf", conf)))
+    vm129 = make_plan("kpro6", host(KPRO6, VM129, lxc(200, "rest")), facts).vm_split.vms[129]
+    assert vm129.hostpci == {"hostpci1": "mapping=gpuhost-0000-e1-00,pcie=1"}
+    assert vm129.delete == ()

@@ -1,0 +1,82 @@
+"""VMs get their GPUs through PCI mappings and the API token, on a kpro6 twin whose Proxmox API
+follows real PVE's permission model: the hand-made raw entries are taken over as root, mappings
+are created through the token, a backup is kept, and a second run changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import deploy, inventory, with_driver
+from twin.pytest_plugin import TwinHandle
+
+pytestmark = pytest.mark.twin
+VERSION = "580.95.05"
+VM129 = "machine: pc-q35-8.1\nname: vm129\nhostpci0: 0000:c1:00,pcie=1\nhostpci1: 0000:e1:00,pcie=1\nhostpci4: 0000:03:00.0\n"
+
+
+def spec(kernel: str) -> dict:
+    return {
+        "kernel": {"version": kernel},
+        "driver": {"version": VERSION, "open": True},
+        "guests": [
+            {
+                "kind": "vm",
+                "vmid": 129,
+                "name": "vm129",
+                "machine": "q35",
+                "gpus": ["0000:c1:00.0", "0000:e1:00.0"],
+            },
+            {"kind": "lxc", "ctid": 200, "name": "ct200", "gpus": "rest"},
+        ],
+    }
+
+
+def token_env(twin: TwinHandle) -> dict[str, str]:
+    return {"GPUHOST_PVE_TOKEN": (twin.twin.dir / "api-token").read_text().strip()}
+
+
+def put(twin: TwinHandle, path: str, text: str) -> None:
+    rc, _, err = twin.run(f"mkdir -p $(dirname {path}) && cat > {path} <<'EOF'\n{text}EOF")
+    assert rc == 0, err
+
+
+def test_mappings_and_hostpci_through_the_token(fresh, modules, tmp_path: Path) -> None:
+    twin = fresh("kpro6")
+    kernel = with_driver(twin, modules, VERSION)
+    put(twin, "/etc/pve/qemu-server/129.conf", VM129)
+    inv = inventory(tmp_path / "kpro6.py", twin, spec(kernel))
+
+    # without a token the run stops when it first needs the API, naming the variable
+    first = deploy(inv)
+    assert first.rc != 0 and "export GPUHOST_PVE_TOKEN=" in first.output, first.output[-3000:]
+
+    done = deploy(inv, env=token_env(twin))
+    assert done.rc == 0, done.output[-4000:]
+    conf = (twin.root / "etc/pve/qemu-server/129.conf").read_text()
+    assert "hostpci0: mapping=gpuhost-0000-c1-00,pcie=1" in conf
+    assert "hostpci1: mapping=gpuhost-0000-e1-00,pcie=1" in conf
+    assert "hostpci4: 0000:03:00.0" in conf  # the user's own entry is left alone
+    assert "machine: q35" in conf
+    mappings = (twin.root / "etc/pve/mapping/pci.cfg").read_text()
+    assert "gpuhost-0000-c1-00\n" in mappings and f"node={twin.name}" in mappings
+    assert "path=0000:c1:00" in mappings and "id=10de:2bb1" in mappings
+    backups = sorted((twin.root / "var/lib/gpuhost/backups").glob("qemu-129-*.conf"))
+    assert len(backups) == 1 and "hostpci0: 0000:c1:00,pcie=1" in backups[0].read_text()
+
+    again = deploy(inv, env=token_env(twin))
+    assert again.rc == 0 and not again.changed, again.output[-3000:]
+
+    # a config edited under gpuhost's feet: its owned entry now names another device
+    put(
+        twin,
+        "/etc/pve/qemu-server/129.conf",
+        conf.replace("mapping=gpuhost-0000-e1-00", "mapping=gpuhost-0000-41-00"),
+    )
+    fixed = deploy(inv, env=token_env(twin))
+    assert fixed.rc == 0, fixed.output[-3000:]
+    assert (
+        "hostpci1: mapping=gpuhost-0000-e1-00,pcie=1"
+        in (twin.root / "etc/pve/qemu-server/129.conf").read_text()
+    )
