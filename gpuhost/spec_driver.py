@@ -72,7 +72,7 @@ class DriverSource(BaseModel):
             raise ValueError(
                 f"{posixpath.basename(value)!r} is not a fabric manager package's name; point it "
                 "at the .deb of the driver's version, e.g. "
-                "'/srv/nvidia/nvidia-fabricmanager-595_595.71.05-1_amd64.deb'"
+                "'/srv/nvidia/nvidia-fabricmanager_595.71.05-1_amd64.deb'"
             )
         return value
 
