@@ -50,8 +50,10 @@ class DriverSource(BaseModel):
     fabricmanager: AbsPath | None = Field(
         None,
         description="Absolute path, on the control machine, of the `nvidia-fabricmanager` .deb "
-        "of driver.version (`nvidia-fabricmanager[-<branch>]_<driver.version>-<rev>_amd64.deb`)"
-        ". Required with `installer` where NVSwitches are on the PCI bus; unused elsewhere.",
+        "of driver.version (`nvidia-fabricmanager[-<branch>]_<driver.version>-<rev>_amd64.deb`;"
+        " NVIDIA's repository adds the branch up to R575). Its name and its own control fields "
+        "(Package, Version) must say that version. Required with `installer` where NVSwitches "
+        "are on the PCI bus; unused elsewhere.",
     )
 
     @field_validator("installer")
