@@ -15,6 +15,12 @@ has failed.
 
 Turns: every host with kernel.trial.parallel shares the first turn; every other host has a turn
 of its own, in inventory order. A single host has one turn and no barrier.
+
+This relies on the pyinfra CLI's operation identity (the call stack's line numbers plus the loop
+position, pyinfra/api/operation.py solve_operation_consistency), which makes one barrier the
+same operation on every host. Under pyinfra's Python API an operation is identified by its
+index in each host's sequence instead, so there the turns would not be ordered; gpuhost's
+deploys are run with the CLI.
 """
 
 from __future__ import annotations
