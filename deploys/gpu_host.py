@@ -21,6 +21,7 @@ from deploys import (
     kernel,
     modules,
     reboot,
+    rollout,
     trial_boot,
     userspace,
     vms,
@@ -32,19 +33,20 @@ from gpuhost.trialstate import Step
 def provision() -> None:
     plan = context.plan(host)
     trial_boot.preflight(plan)
-    trial_boot.before_install(name="Room for a new kernel; pin the running one", plan=plan)
-    new_kernel = kernel.configure(plan)
-    driver.configure(plan, new_kernel.compiler if new_kernel is not None else None)
-    userspace.configure(plan)  # before any reboot: the open module needs its GSP firmware
-    boot_cmdline.configure(plan)
-    modules.configure(plan)
-    devices.configure(plan)
-    rebooting = bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED
-    vms.configure(plan, rebooting=rebooting)
-    if plan.trial_step is Step.CONVERGED:
-        reboot.reboot_if_needed(plan)
-    else:  # the trial's reboot applies everything above too, and its gate checks it
-        trial_boot.trial(plan)
+    for _turn in rollout.turns(host):  # one host after another across a fleet: deploys/rollout.py
+        trial_boot.before_install(name="Room for a new kernel; pin the running one", plan=plan)
+        new_kernel = kernel.configure(plan)
+        driver.configure(plan, new_kernel.compiler if new_kernel is not None else None)
+        userspace.configure(plan)  # before any reboot: the open module needs its GSP firmware
+        boot_cmdline.configure(plan)
+        modules.configure(plan)
+        devices.configure(plan)
+        rebooting = bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED
+        vms.configure(plan, rebooting=rebooting)
+        if plan.trial_step is Step.CONVERGED:
+            reboot.reboot_if_needed(plan)
+        else:  # the trial's reboot applies everything above too, and its gate checks it
+            trial_boot.trial(plan)
 
 
 if host.data.get(GUEST_KEY) is None:  # guest hosts (gpuhost.guestinventory) are not GPU hosts

@@ -38,24 +38,6 @@ from gpuhost.trialstate import RECORD, Step, TrialRecord, failed_message
 
 JOURNAL = "journalctl -b -1 -k -n 40 --no-pager -o short-monotonic 2>/dev/null"
 
-# Hosts whose trial failed in this run (per pyinfra state): a rollout stops at the first one,
-# so no other host is rebooted into its trial after it.
-_failed: dict[int, list[str]] = {}
-
-
-def _stop_rollout(state, host) -> None:
-    failed = [name for name in _failed.get(id(state), []) if name != host.name]
-    if failed:
-        raise OperationError(
-            f"not rebooted into the trial: the trial on {', '.join(failed)} failed earlier in "
-            "this run, so the rollout stops here. This host's new kernel is installed but was "
-            "not booted; the old one is still pinned. Fix the cause and run again"
-        )
-
-
-def _failed_on(state, host) -> None:
-    _failed.setdefault(id(state), []).append(host.name)
-
 
 def _all(commands: tuple[str, ...]) -> str:
     """One shell command that runs ``commands`` in order and stops at the first failure, naming
@@ -240,9 +222,6 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
         deadline_s=trial.deadline_s,
         method=trial.method,
     )
-    # First, before this host's one-shot, record or guests change: a failed trial elsewhere
-    # stops the rollout here.
-    yield _step(_stop_rollout)
     yield _all(trial.prepare)
     # The record before the one-shot: the deadline timer (files/gpuhost-trial-deadline) reads
     # it, so the one-shot is never set without its safety net.
@@ -258,18 +237,14 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
         logger.info(
             f"{host.print_prefix}rebooting into kernel {trial.kernel} once ({trial.method})"
         )
-        try:
-            before = _reboot(host)
-            release = _wait_for_boot(host, before, delay, timeout)
-            if release != trial.kernel:
-                _must(host, "tidying up after the failed trial", trial.abandon)
-                _bring_back(host, guests)
-                _, journal = _run(host, JOURNAL)
-                raise OperationError(failed_message(host.name, record, release, journal.strip()))
-            _gate_and_commit(host, plan, delay, timeout, guests)
-        except OperationError:
-            _failed_on(state, host)
-            raise
+        before = _reboot(host)
+        release = _wait_for_boot(host, before, delay, timeout)
+        if release != trial.kernel:
+            _must(host, "tidying up after the failed trial", trial.abandon)
+            _bring_back(host, guests)
+            _, journal = _run(host, JOURNAL)
+            raise OperationError(failed_message(host.name, record, release, journal.strip()))
+        _gate_and_commit(host, plan, delay, timeout, guests)
         return True
 
     yield _step(reboot_into_trial)
@@ -278,10 +253,10 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
 @deploy("Trial boot of a new kernel")
 def trial(plan: Plan) -> None:
     guests = guest_power(plan, rebooting=plan.trial_step is Step.START)
-    spec = host.data.get(SPEC_KEY)
+    # One host at a time across a fleet, and none after a failed one: deploys/rollout.py runs
+    # each host's whole deploy in a turn of its own (kernel.trial.parallel shares the first).
     run_trial(
         name="Boot the new kernel once, check it, pin it",
-        _serial=not spec.kernel.trial.parallel,  # one host at a time: see _stop_rollout
         plan=plan,
         delay=int(host.data.get("gpuhost_reboot_delay", 10)),
         timeout=int(host.data.get("gpuhost_reboot_timeout", 900)),

@@ -21,19 +21,24 @@ wanted version afterwards: a run killed in between installs again.
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, deploy, operation
+from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
 from facts.driver_install import PERSISTENCED, PERSISTENCED_USER, DriverUserspace
-from facts.nvidia import NvidiaUserspace
+from facts.nvidia import FABRICMANAGER_QUERY, NvidiaUserspace
+from gpuhost.debinfo import DebError, control_fields
 from gpuhost.plan import STATE_DIR, Plan
 from gpuhost.userspaceplan import FABRICMANAGER_UNIT, INSTALLER_DIR
 from gpuhost.userspaceplan import DriverUserspace as WantedUserspace
 
 PENDING = f"{STATE_DIR}/pending-userspace"
+FABRICMANAGER_PACKAGE = re.compile(r"nvidia-fabricmanager(-[0-9]+)?")
 INSTALLER_FLAGS = (
     "--silent --no-kernel-modules --no-kernel-module-source --no-nouveau-check --accept-license"
 )
@@ -88,29 +93,71 @@ def userspace_installed(wanted: WantedUserspace):
         )
 
 
+def _fabricmanager_install(deb: str, version: str) -> str:
+    """Shell that installs the uploaded package ``deb`` only when its own control fields say
+    it is NVIDIA's fabric manager of ``version`` (a file name can lie), then checks dpkg's
+    record of it; a refused package is removed and nothing is installed."""
+    q = shlex.quote
+    refuse = (
+        f'echo "gpuhost: {posixpath.basename(deb)} is $pkg $ver, wanted nvidia-fabricmanager '
+        f'{version} (the package of driver.version); nothing was installed" >&2; '
+        f"rm -f {q(deb)}; exit 1"
+    )
+    return (
+        f"pkg=$(dpkg-deb -f {q(deb)} Package) && ver=$(dpkg-deb -f {q(deb)} Version) && "
+        f'case "$pkg/$ver" in nvidia-fabricmanager/{version}-*|'
+        f"nvidia-fabricmanager-[0-9]*/{version}-*) ;; *) {refuse};; esac && "
+        f"dpkg -i {q(deb)} && v=$({FABRICMANAGER_QUERY}) && "
+        f'case "$v" in {version}-*) ;; *) echo "gpuhost: nvidia-fabricmanager is '
+        f"'$v' after dpkg -i, wanted {version}\" >&2; exit 1;; esac && rm -f {q(deb)}"
+    )
+
+
 @operation()
 def fabricmanager_installed(wanted: WantedUserspace):
     """
-    Install nvidia-fabricmanager of ``wanted.version`` from its .deb and enable its service,
-    unless that version is installed.
+    Install nvidia-fabricmanager of ``wanted.version`` from its .deb (refused, before dpkg
+    runs, when the package is another version) and enable its service; start it now where the
+    driver of that version is already loaded (else the next boot starts it).
 
     + wanted: the Plan's userspace (its fabricmanager: the .deb on the control machine)
     """
     assert wanted.fabricmanager is not None
     now = host.get_fact(DriverUserspace).fabric
-    if now.version == wanted.version:
-        host.noop(f"nvidia-fabricmanager {wanted.version} is installed")
+    if now.version == wanted.version and now.enabled == "enabled":
+        host.noop(f"nvidia-fabricmanager {wanted.version} is installed and enabled")
         return
     q = shlex.quote
-    remote = f"{INSTALLER_DIR}/{posixpath.basename(wanted.fabricmanager)}"
-    yield f"mkdir -p {q(INSTALLER_DIR)}"
-    yield FileUploadCommand(wanted.fabricmanager, remote)
+    if now.version != wanted.version:
+        remote = f"{INSTALLER_DIR}/{posixpath.basename(wanted.fabricmanager)}"
+        yield f"mkdir -p {q(INSTALLER_DIR)}"
+        yield FileUploadCommand(wanted.fabricmanager, remote)
+        yield _fabricmanager_install(remote, wanted.version)
+    # Started now only on the driver it must match; a host still on another driver (or none)
+    # starts it at the boot that loads this one.
     yield (
-        f"dpkg -i {q(remote)} && v=$(dpkg-query -W -f '${{Version}}' 'nvidia-fabricmanager*') && "
-        f'case "$v" in {q(wanted.version)}-*) ;; *) echo "gpuhost: nvidia-fabricmanager is '
-        f'$v after dpkg -i, wanted {wanted.version}" >&2; exit 1;; esac && '
-        f"systemctl enable {FABRICMANAGER_UNIT} && rm -f {q(remote)}"
+        f"systemctl enable {FABRICMANAGER_UNIT} && "
+        f"if grep -qsF ' {wanted.version} ' /proc/driver/nvidia/version; then "
+        f"systemctl restart {FABRICMANAGER_UNIT}; fi"
     )
+
+
+def _check_fabricmanager_package(wanted: WantedUserspace) -> None:
+    """Stop the run while it prepares, before anything changes, unless the package's own
+    control fields (not only its file name) say it is the fabric manager of the driver."""
+    assert wanted.fabricmanager is not None
+    try:
+        fields = control_fields(Path(wanted.fabricmanager))
+    except (OSError, DebError) as exc:
+        raise DeployError(f"{host.name}: driver.source.fabricmanager: {exc}") from None
+    package, version = fields.get("Package", ""), fields.get("Version", "")
+    if not FABRICMANAGER_PACKAGE.fullmatch(package) or version.split("-")[0] != wanted.version:
+        raise DeployError(
+            f"{host.name}: driver.source.fabricmanager = {wanted.fabricmanager!r}: the package "
+            f"inside is {package or '?'} {version or '?'}, but driver.version is "
+            f"{wanted.version}; use the nvidia-fabricmanager package of {wanted.version} "
+            "(nothing was changed)"
+        )
 
 
 @deploy("NVIDIA driver userspace")
@@ -123,6 +170,7 @@ def configure(plan: Plan) -> None:
         wanted=wanted,
     )
     if wanted.fabricmanager is not None:
+        _check_fabricmanager_package(wanted)
         fabricmanager_installed(
             name=f"nvidia-fabricmanager {wanted.version} ({len(wanted.nvswitches)} NVSwitches)",
             wanted=wanted,

@@ -11,9 +11,9 @@ from pyinfra.api import FactBase
 
 from facts._parse import UnparsedOutput
 from facts.nvidia import (
+    FABRICMANAGER_QUERY,
     FabricManager,
     GspFirmwareFiles,
-    NvidiaFabricManager,
     NvidiaUserspace,
     parse_fabricmanager,
     parse_firmware_files,
@@ -135,11 +135,21 @@ def parse_userspace_state(lines: list[str]) -> UserspaceState:
     )
 
 
+# The fabric manager as the deploy reads it: only an installed nvidia-fabricmanager[-<branch>]
+# (not -dev, not a removed package's record), whether its unit is active and enabled.
+FABRIC_STATE = (
+    f'v=$({FABRICMANAGER_QUERY}); echo "package=$v"; '
+    'echo "active=$(systemctl is-active nvidia-fabricmanager.service 2>/dev/null)"; '
+    'echo "enabled=$(systemctl is-enabled nvidia-fabricmanager.service 2>/dev/null)"'
+)
+
+
 class DriverUserspace(FactBase[UserspaceState]):
     """
     Returns the userspace libraries' versions (as the loader resolves them), the GSP firmware
     on disk, whether nvidia-persistenced and its user are there, and the fabric manager: the
-    audit's own facts (NvidiaUserspace, GspFirmwareFiles, NvidiaFabricManager) in one command.
+    audit's own facts (NvidiaUserspace, GspFirmwareFiles) and the fabric manager's package and
+    unit state (FABRIC_STATE) in one command.
     """
 
     def command(self) -> str:
@@ -151,7 +161,7 @@ class DriverUserspace(FactBase[UserspaceState]):
             ("userspace", NvidiaUserspace().command()),
             ("firmware", GspFirmwareFiles().command()),
             ("persistenced", persistenced),
-            ("fabric", NvidiaFabricManager().command()),
+            ("fabric", FABRIC_STATE),
         )
         return "; ".join(f"echo '#section={name}'; {{ {cmd}; }}" for name, cmd in parts)
 

@@ -382,23 +382,38 @@ class NvidiaUserspace(FactBase[dict[str, list[str]]]):
 class FabricManager:
     version: str | None  # the installed nvidia-fabricmanager package version
     active: str | None  # `systemctl is-active` answer
+    enabled: str | None = None  # `systemctl is-enabled` answer
 
 
 def parse_fabricmanager(lines: list[str]) -> FabricManager:
-    version = active = None
+    version = active = enabled = None
     for line in lines:
         key, _, value = line.partition("=")
         if key == "package":
             version = value.split("-")[0] or None  # 595.71.05-1 -> 595.71.05
         elif key == "active":
             active = value or None
+        elif key == "enabled":
+            enabled = value or None
         else:
             raise UnparsedOutput("nvidia-fabricmanager state", line)
-    return FabricManager(version, active)
+    return FabricManager(version, active, enabled)
+
+
+# The daemon's package as NVIDIA names it: nvidia-fabricmanager-<branch> up to R575, plain
+# nvidia-fabricmanager from R580 (not -dev, whose version would be read otherwise). Only an
+# installed one counts ("ii"): a removed package's record ("rc") still carries a version.
+FABRICMANAGER_QUERY = (
+    "dpkg-query -W -f '${db:Status-Abbrev}|${Package}|${Version}\\n' 'nvidia-fabricmanager*' "
+    "2>/dev/null | awk -F'|' '$1 ~ /^ii/ && $2 ~ /^nvidia-fabricmanager(-[0-9]+)?$/ "
+    "{ print $3; exit }' | head -c 64"
+)
 
 
 class NvidiaFabricManager(FactBase[FabricManager]):
-    """Returns the installed nvidia-fabricmanager version and whether its service is active."""
+    """Returns the installed nvidia-fabricmanager version and whether its service is active.
+    The audit's command, kept as the real captures recorded it (tests/fixtures/captures): the
+    deploy reads the package more strictly, with FABRICMANAGER_QUERY (facts/driver_install.py)."""
 
     def command(self) -> str:
         return (

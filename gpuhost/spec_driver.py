@@ -50,8 +50,10 @@ class DriverSource(BaseModel):
     fabricmanager: AbsPath | None = Field(
         None,
         description="Absolute path, on the control machine, of the `nvidia-fabricmanager` .deb "
-        "of driver.version (`nvidia-fabricmanager[-<branch>]_<driver.version>-<rev>_amd64.deb`)"
-        ". Required with `installer` where NVSwitches are on the PCI bus; unused elsewhere.",
+        "of driver.version (`nvidia-fabricmanager[-<branch>]_<driver.version>-<rev>_amd64.deb`;"
+        " NVIDIA's repository adds the branch up to R575). Its name and its own control fields "
+        "(Package, Version) must say that version. Required with `installer` where NVSwitches "
+        "are on the PCI bus; unused elsewhere.",
     )
 
     @field_validator("installer")
@@ -72,7 +74,7 @@ class DriverSource(BaseModel):
             raise ValueError(
                 f"{posixpath.basename(value)!r} is not a fabric manager package's name; point it "
                 "at the .deb of the driver's version, e.g. "
-                "'/srv/nvidia/nvidia-fabricmanager-595_595.71.05-1_amd64.deb'"
+                "'/srv/nvidia/nvidia-fabricmanager_595.71.05-1_amd64.deb'"
             )
         return value
 

@@ -38,8 +38,8 @@ class TrialSpec(BaseModel):
     )
     parallel: bool = Field(
         False,
-        description="Reboot this host's trial alongside the others of the run. By default the "
-        "trial reboots go one host at a time, and once one host's trial fails no other host "
-        "of the run is rebooted into its trial (its kernel stays installed but unbooted, the "
-        "old one pinned).",
+        description="Deploy this host (its trial reboot included) alongside the other "
+        "parallel hosts of the run, in the first turn. By default the hosts of a run are "
+        "deployed one at a time, in inventory order, each with its trial boot, gate and commit "
+        "before the next host starts; once a host fails, the hosts after it change nothing.",
     )

@@ -41,6 +41,7 @@ TOOLS = (
     "umount",
     "journalctl",
     "findmnt",
+    "gpuhost-twin-fabric",
 )
 # Packaged paths (dpkg's view, before usrmerge) that get diverted when the package is installed.
 PACKAGED = {
@@ -58,6 +59,7 @@ PACKAGED = {
     "umount": [],
     "journalctl": [],  # the previous boot's kernel log; the rest goes to /bin/journalctl
     "findmnt": [],  # the disk layout of the profile's install (the overlay is the twin's own)
+    "gpuhost-twin-fabric": [],  # the NVSwitch driver calls of nv-fabricmanager (stand-in)
 }
 WRAPPER = """#!/usr/bin/python3
 # gpuhost twin: simulated hardware tool; real one (if any) is {real}

@@ -31,9 +31,10 @@ from twin.modbuild import GSP_FIRMWARE, firmware_blob
 from twin.userspace import LIBDIR, UserspaceCache
 
 PERSISTENCED = """#!/bin/sh
-# gpuhost-twin stand-in for nvidia-persistenced: forks, keeps a pid file like the real daemon.
+# gpuhost-twin stand-in for nvidia-persistenced: forks, keeps a pid file like the real daemon,
+# and detaches from the caller's terminal and pipes as a daemon does.
 mkdir -p /var/run/nvidia-persistenced
-( trap 'exit 0' TERM; while :; do sleep 3600; done ) &
+( trap 'exit 0' TERM; while :; do sleep 3600; done ) </dev/null >/dev/null 2>&1 &
 echo $! >/var/run/nvidia-persistenced/nvidia-persistenced.pid
 """
 

@@ -1,14 +1,17 @@
 """Boot-time units of a twin: the one piece of systemd's boot the twin runs.
 
 At every (re)boot, after the simulated modules load (twin.boot) and before the guests with
-`onboot: 1` start (pve-guests), ``run_boot_units(root)`` runs each Type=oneshot unit enabled in
-/etc/systemd/system/multi-user.target.wants/, in name order: its ConditionPathExists= checks,
-then each ExecStart= line through /bin/sh, chrooted into the twin's root, as root, with a plain
-environment. A line prefixed "-" may fail. A failure is recorded as
+`onboot: 1` start (pve-guests), ``run_boot_units(root)`` runs each Type=oneshot or
+Type=forking unit enabled in /etc/systemd/system/multi-user.target.wants/, in name order: its
+ConditionPathExists= checks, then each ExecStart= line through /bin/sh, chrooted into the twin's
+root, as root, with a plain environment and stdin on /dev/null. A line prefixed "-" may fail. A
+forking unit has started when its ExecStart returns 0, as systemd reads it: the daemon it left
+behind must detach from the caller's stdout/stderr (real daemons close them), or the boot waits
+for it until the timeout. A failure is recorded as
 /run/gpuhost-twin/systemd/<unit>.failed (the exit status and output), which the systemctl shim
 shows as failed; success is recorded as <unit>.started.
 
-Not simulated: other unit types and targets, ordering between units (After=/Before= are not
+Not simulated: Type=simple/notify/exec units, targets, ordering between units (After=/Before= are not
 read), ExecStartPre/Post, User=, Environment=, timeouts other than a fixed one.
 """
 
@@ -66,7 +69,7 @@ def run_boot_units(root: Path) -> dict[str, int]:
         if path is None or not link.name.endswith(".service"):
             continue
         keys = service(path)
-        if keys.get("Type", ["simple"])[-1] != "oneshot":
+        if keys.get("Type", ["simple"])[-1] not in ("oneshot", "forking"):
             continue
         if not all(_condition(root, c) for c in keys.get("ConditionPathExists", [])):
             continue
@@ -78,6 +81,7 @@ def run_boot_units(root: Path) -> dict[str, int]:
                 proc = subprocess.run(
                     ["chroot", str(root), "/bin/sh", "-c", cmd],
                     env=ENV,
+                    stdin=subprocess.DEVNULL,
                     capture_output=True,
                     text=True,
                     timeout=TIMEOUT,

@@ -98,7 +98,7 @@ def test_kernel_gcc_text_is_checked() -> None:
 
 def test_unknown_profile_lists_known_ones() -> None:
     with pytest.raises(
-        ProfileError, match=r"known profiles: \['h200x2', 'kpro6', 'lumped', 'sevsnp'\]"
+        ProfileError, match=r"known profiles: \['h200x2', 'hgx-h200', 'kpro6', 'lumped', 'sevsnp'\]"
     ):
         load_profile("nope")
 

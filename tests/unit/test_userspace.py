@@ -266,10 +266,11 @@ def test_the_daemons_user_is_made_when_missing() -> None:
     assert "useradd --system" in useradd and useradd.endswith(" nvidia-persistenced")
 
 
-def fabric_commands(package: str) -> tuple[list[str], list[str]]:
+def fabric_commands(package: str, enabled: str = "enabled") -> tuple[list[str], list[str]]:
     spec_ = HostSpec.model_validate(spec(installer=RUN, fabricmanager=FABRIC))
     wanted = make_plan("kpro6", spec_, kpro6(**with_nvswitch())).driver_userspace
     lines = [line if line != "package=" else f"package={package}" for line in state(VERSION)]
+    lines.append(f"enabled={enabled}")
     host = UserspaceHost({}, lines)
     context._observed.clear()
     with ctx_host.use(host), ctx_state.use(host.state):
@@ -281,15 +282,28 @@ def fabric_commands(package: str) -> tuple[list[str], list[str]]:
     return out, host.noops
 
 
+ENABLE = (
+    f"systemctl enable nvidia-fabricmanager.service && if grep -qsF ' {VERSION} ' "
+    "/proc/driver/nvidia/version; then systemctl restart nvidia-fabricmanager.service; fi"
+)
+
+
 def test_the_fabric_manager_of_the_version_is_installed_and_enabled() -> None:
     assert fabric_commands(f"{VERSION}-1") == (
         [],
-        [f"nvidia-fabricmanager {VERSION} is installed"],
+        [f"nvidia-fabricmanager {VERSION} is installed and enabled"],
     )
-    (mkdir, upload, install), _ = fabric_commands("580.105.08-1")
+    (mkdir, upload, install, enable), _ = fabric_commands("580.105.08-1")
     assert mkdir == "mkdir -p /var/lib/gpuhost/driver-installer"
     remote = f"/var/lib/gpuhost/driver-installer/{FABRIC.rsplit('/')[-1]}"
     assert upload == f"upload {FABRIC} {remote}"
-    assert install.startswith(f"dpkg -i {remote} && ")
-    assert f"wanted {VERSION}" in install
-    assert "systemctl enable nvidia-fabricmanager.service" in install
+    # The package's own fields are checked before dpkg runs; dpkg's record after it.
+    assert install.startswith(f"pkg=$(dpkg-deb -f {remote} Package) && ")
+    assert install.index('case "$pkg/$ver"') < install.index(f"dpkg -i {remote}")
+    assert f"wanted nvidia-fabricmanager {VERSION}" in install
+    assert f"wanted {VERSION}" in install and install.endswith(f"rm -f {remote}")
+    assert enable == ENABLE  # started now only on a loaded driver of its version
+
+
+def test_a_disabled_fabric_manager_is_enabled_again_without_reinstalling() -> None:
+    assert fabric_commands(f"{VERSION}-1", enabled="disabled") == ([ENABLE], [])

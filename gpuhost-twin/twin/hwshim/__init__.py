@@ -4,7 +4,7 @@ Installed as the package /usr/lib/gpuhost-twin/hwshim next to the hwsim package;
 three-line wrapper (see hardware.py). $TWIN_ROOT (default "/") is the machine's root.
 
 One module per tool family: nvidia_smi (+ smi_text), lspci, kmod (lsmod, modprobe, modinfo,
-depmod), nvidia_modprobe, kernel (uname, dmesg), bootctl (EFI variables), esp_mount (the ESPs); common holds what they share.
+depmod), nvidia_modprobe, kernel (uname, dmesg), bootctl (EFI variables), esp_mount (the ESPs), fabric (the NVSwitch fabric); common holds what they share.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from .bootctl import bootctl
 from .common import hwsim, root
 from .esp_mount import mount, umount
+from .fabric import fabric
 from .findmnt import findmnt
 from .journal import journalctl
 from .kernel import dmesg, uname
@@ -35,10 +36,11 @@ TOOLS = {
     "umount": umount,
     "journalctl": journalctl,
     "findmnt": findmnt,
+    "gpuhost-twin-fabric": fabric,
 }
 
 
-MUTATING = ("modprobe", "nvidia-modprobe")
+MUTATING = ("modprobe", "nvidia-modprobe", "gpuhost-twin-fabric")
 
 
 def main(tool: str, argv: list[str]) -> int:

@@ -12,6 +12,13 @@ absent while nvidia is not loaded. Guests see it through their bind of the twin'
     uvm_disable_hmm Y
     gpu 0000:43:00.0 0 GPU-... NVIDIA RTX PRO 6000 Blackwell Server Edition
     p2p 0000:43:00.0 0000:44:00.0 OK OK 1   (topo -p2p r, w; 1 = P2P DMA corrupts data)
+    fabric in_progress                 (NVSwitch boards only; "completed" once configured)
+
+On a board with NVSwitches the driver holds every GPU's fabric state "In Progress" from its
+load until nvidia-fabricmanager has configured the switches (NVIDIA's Fabric Manager guide:
+"Not Started" -> "In Progress" -> "Completed"); CUDA does not initialise before that
+(CUDA_ERROR_SYSTEM_NOT_READY). The state lives in this boot's hw state (``fabric``), set by the
+fabric manager's call into the driver (the twin's `gpuhost-twin-fabric`, hwshim/fabric.py).
 """
 
 from __future__ import annotations
@@ -45,7 +52,18 @@ def rm_text(hw: Hw) -> str | None:
             r, c = order[a["bdf"]], order[b["bdf"]]
             bad = int(p2p_corrupts(hw, a["bdf"], b["bdf"]))
             lines.append(f"p2p {a['bdf']} {b['bdf']} {p2p['r'][r][c]} {p2p['w'][r][c]} {bad}")
+    if nvswitches(hw):
+        lines.append(f"fabric {hw.state.get('fabric', 'in_progress')}")
     return "".join(line + "\n" for line in lines)
+
+
+def nvswitches(hw: Hw) -> list[str]:
+    """BDFs of the board's NVSwitches: NVIDIA functions of PCI class 0680 ("other bridge")."""
+    return [
+        d["bdf"]
+        for d in hw.profile["pci_devices"]
+        if d["vendor"] == "10de" and d["class"].startswith("0680")
+    ]
 
 
 def p2p_corrupts(hw: Hw, a: str, b: str) -> bool:

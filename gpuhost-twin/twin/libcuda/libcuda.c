@@ -44,6 +44,7 @@ enum {
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
     CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
+    CUDA_ERROR_SYSTEM_NOT_READY = 802,
     CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803,
     CUDA_ERROR_UNKNOWN = 999,
 };
@@ -63,6 +64,7 @@ static const struct { int code; const char *name, *text; } ERRORS[] = {
      "peer access is already enabled"},
     {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
      "peer access has not been enabled"},
+    {CUDA_ERROR_SYSTEM_NOT_READY, "CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"},
     {CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
      "system has unsupported display driver / cuda driver combination"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
@@ -94,6 +96,7 @@ struct rm {
     int ngpus;
     struct gpu gpus[MAX_GPUS];
     int p2p_ok[MAX_GPUS][MAX_GPUS], corrupts[MAX_GPUS][MAX_GPUS];
+    int fabric_pending; /* NVSwitch board whose fabric manager has not configured it yet */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -111,7 +114,9 @@ static int rm_index(const char *bdf) {
 }
 
 /* Lines: "version V", "uvm_major N", "uvm_disable_hmm Y|N", "gpu BDF MINOR UUID NAME...",
- * "p2p BDF BDF R W CORRUPTS" (R/W: topo -p2p r/w cells; CORRUPTS 0|1). 0 = no driver. */
+ * "p2p BDF BDF R W CORRUPTS" (R/W: topo -p2p r/w cells; CORRUPTS 0|1), "fabric STATE" (NVSwitch
+ * boards: in_progress until nvidia-fabricmanager configured them, then completed). 0 = no
+ * driver. */
 static int read_rm(void) {
     FILE *f = fopen(TWIN_RM, "r");
     char line[512], a[32], b[32], r[8], w[8];
@@ -123,6 +128,10 @@ static int read_rm(void) {
         line[strcspn(line, "\n")] = 0;
         if (sscanf(line, "version %63s", rm.version) == 1) continue;
         if (sscanf(line, "uvm_major %d", &rm.uvm_major) == 1) continue;
+        if (strncmp(line, "fabric ", 7) == 0) {
+            rm.fabric_pending = strcmp(line + 7, "completed") != 0;
+            continue;
+        }
         if (strncmp(line, "uvm_disable_hmm ", 16) == 0) {
             rm.hmm_disabled = line[16] == 'Y';
         } else if (strncmp(line, "gpu ", 4) == 0 && rm.ngpus < MAX_GPUS) {
@@ -231,6 +240,9 @@ static CUresult do_init(void) {
     if (node("/dev/nvidiactl", NVIDIA_MAJOR, CTL_MINOR) != NODE_OK) return CUDA_ERROR_NO_DEVICE;
     /* The real library's first ioctl on nvidiactl compares versions with the kernel module. */
     if (strcmp(rm.version, TWIN_VERSION) != 0) return CUDA_ERROR_SYSTEM_DRIVER_MISMATCH;
+    /* NVSwitch systems: "not yet ready to start any CUDA work" until the fabric manager has
+     * configured the fabric (CUDA driver API, CUDA_ERROR_SYSTEM_NOT_READY = 802). */
+    if (rm.fabric_pending) return CUDA_ERROR_SYSTEM_NOT_READY;
     if (rm.uvm_major < 0 || node("/dev/nvidia-uvm", (unsigned)rm.uvm_major, 0) != NODE_OK)
         return CUDA_ERROR_UNKNOWN; /* "CUDA error 999" after a stale uvm major */
     if (!rm.hmm_disabled && in_container())
