@@ -160,6 +160,13 @@ def test_post_config_errors_before_and_inside_the_worker(served: tuple[Path, int
     assert tasks.UPID_RE.fullmatch(upid) and f":qmconfig:129:{TOKEN}:" in upid
     status = wait(px, upid)
     assert status["exitstatus"] == "only root can set 'hostpci0' config for non-mapped devices"
+    log = px.nodes("pve1").tasks(upid).log.get()
+    assert log[-1] == {"n": len(log), "t": f"TASK ERROR: {status['exitstatus']}"}
+    with pytest.raises(ResourceException) as exc:  # a failed task within the delay: an error
+        vm.config.post(hostpci1="0000:02:00", background_delay=5)
+    assert exc.value.content == (
+        "failed to update VM 129: only root can set 'hostpci1' config for non-mapped devices"
+    )
     assert vm.config.post(cores=3, background_delay=5) is None  # finished OK within the delay
     assert vm.config.get()["cores"] == 3
     with pytest.raises(ResourceException) as exc:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from . import access, power, startstop, tasks
 from .api_handlers import Handler, Result, node_check, vmid_of
+from .schema import PveError
 from .tasks import Worker
 
 _PREFIX = {"lxc": "vz", "qemu": "qm"}
@@ -44,7 +45,7 @@ def _power_one(action: str) -> startstop.Starter:
         worker = Worker()
         try:
             power.run(root, kind, action, vmid, {}, worker)
-        except power.PveError as exc:
+        except PveError as exc:
             return exc.msg
         return None
 

@@ -28,8 +28,6 @@ from . import runtime as rt
 from .schema import STARTUP_FMT, FormatError, ParamError, PveError, parse_property_string
 from .tasks import Worker
 
-TASK_TYPES = {"start": "start", "stop": "stop", "shutdown": "shutdown", "reboot": "reboot"}
-
 
 def root_only(params: dict[str, str], *names: str) -> None:
     """raise_param_exc({name => "Only root may use this option."}) for anyone but root@pam."""
