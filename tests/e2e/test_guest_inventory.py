@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -80,5 +81,5 @@ def test_a_nodes_guests_become_hosts_with_their_spec(fresh, tmp_path: Path) -> N
     )
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout + run.stderr
-    assert "[ct200] ct200" in out.replace("   ", " "), out
+    assert re.search(r"\[ct200\]\s+ct200$", out, re.MULTILINE), out
     assert f"[{twin.name}]" not in run.stdout + run.stderr
