@@ -41,7 +41,8 @@ def hang(root: Path, tool: str, arg: str | None) -> None:
     path.rename(path.with_name(path.name + ".real"))
     when = f'[ "$1" = {arg} ]' if arg else "true"
     path.write_text(
-        f'#!/bin/sh\nif {when}; then touch /{HUNG}; sleep 300; fi\nexec "$0.real" "$@"\n'
+        f"#!/bin/sh\nif {when}; then touch /{HUNG}; echo $$ > /{HUNG}.pid; exec sleep 300; fi\n"
+        'exec "$0.real" "$@"\n'
     )
     path.chmod(0o755)
 
@@ -49,7 +50,10 @@ def hang(root: Path, tool: str, arg: str | None) -> None:
 def unhang(root: Path, tool: str) -> None:
     path = root / tool
     path.with_name(path.name + ".real").rename(path)
-    subprocess.run(["pkill", "-9", "-f", "sleep 300"], check=False)
+    pid = root / f"{HUNG}.pid"  # this twin's hung tool only: others' sleeps are not ours
+    if pid.exists():
+        subprocess.run(["kill", "-9", pid.read_text().strip()], check=False)
+        pid.unlink()
 
 
 def start(inv: Path) -> subprocess.Popen:
