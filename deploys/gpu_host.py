@@ -15,6 +15,7 @@ from pyinfra import host
 
 from deploys import (
     boot_cmdline,
+    containers,
     context,
     devices,
     driver,
@@ -39,3 +40,4 @@ if plan.trial_step is Step.CONVERGED:
     reboot.reboot_if_needed(plan)
 else:  # the trial's reboot applies everything above too, and its gate checks it
     trial_boot.trial(plan)
+containers.configure(plan)  # after any reboot: raw rules need that boot's majors
