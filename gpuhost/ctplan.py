@@ -14,9 +14,9 @@ Ownership: Proxmox's writer (PVE::LXC::Config::write_pct_config) moves every `#`
 top as the description and rewrites raw keys as `key: value` in their original order, so a
 marker comment would not stay next to its lines. gpuhost instead records what it wrote in
 /var/lib/gpuhost/ct-<ctid>-devices; an entry that is exactly what gpuhost would write (a devN
-for a planned node, a planned raw line) is adopted. Any other entry that grants an NVIDIA node
-is someone else's and would give the container more than its GPUs: the plan is refused,
-naming it, and nothing is changed. Other entries are left alone.
+for a planned node, a planned raw line) is adopted. Every other entry is left alone; one that
+grants an NVIDIA node (a blanket `c 195:* rwm`, another GPU) gives the container more than its
+GPUs, so the plan names it in a note and the audit fails it until it is removed by hand.
 
 The nodes (Plan.lxc_nodes): the container's GPUs plus nvidiactl, nvidia-uvm and
 nvidia-uvm-tools. No /dev/nvidia-caps nodes: without MIG (which gpuhost does not configure)
@@ -231,13 +231,11 @@ def plan_container(
         ):
             foreign.append(line)
     if foreign:
-        problems.append(
-            f"{where or label}: /etc/pve/lxc/{ctid}.conf grants NVIDIA devices that gpuhost did "
-            f"not write: {'; '.join(foreign)}. They would give {label} more than the plan (or "
-            "the same twice); remove them from the config (gpuhost writes the container's "
-            "entries itself), then run the deploy again"
+        notes.append(
+            f"{label}: /etc/pve/lxc/{ctid}.conf has NVIDIA device entries gpuhost did not "
+            f"write, left as they are: {'; '.join(foreign)}. They give it more than the plan "
+            "(or the same twice; the audit fails ct.device_rules): remove them by hand"
         )
-        return None
 
     wanted_dev: dict[str, str] = {}
     if mode == "devN":
