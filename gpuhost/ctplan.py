@@ -131,6 +131,19 @@ class ContainerDevices:
     def changes_config(self) -> bool:
         return bool(self.dev_set or self.dev_delete or self.raw_add or self.raw_remove)
 
+    @property
+    def summary(self) -> str:
+        """One line for the plan: what the container is granted and what changes."""
+        change = [f"set {', '.join(self.dev_set)}"] if self.dev_set else []
+        change += [f"delete {', '.join(self.dev_delete)}"] if self.dev_delete else []
+        change += [f"+{len(self.raw_add)} raw line(s)"] if self.raw_add else []
+        change += [f"-{len(self.raw_remove)} raw line(s)"] if self.raw_remove else []
+        change += ["restart"] if self.restart else []
+        return (
+            f"CT {self.ctid}: {len(self.nodes)} NVIDIA node(s) as {self.mode} entries; "
+            f"{'; '.join(change) or 'no change'}"
+        )
+
 
 def _version_tuple(version: str) -> tuple[int, ...]:
     upstream = version.split(":", 1)[-1].split("-", 1)[0]
