@@ -188,10 +188,12 @@ def container_userspace(wanted: DriverUserspace, ctids: tuple[int, ...], ready: 
         host.noop(f"GPU containers have the NVIDIA {version} userspace")
         return
     if not ready:
-        host.noop(
+        waiting = (
             f"CT {', '.join(str(c) for c, _, _ in due)}: the {version} userspace follows the "
             f"boot that loads driver {version} (the host runs another one now)"
         )
+        host.log(waiting, logger.info)
+        host.noop(waiting)
         return
     name = posixpath.basename(wanted.installer)
     remote = wanted.remote_installer

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +21,6 @@ import pytest
 from tests.e2e.conftest import ROOT, deploy, inventory, with_driver
 from tests.e2e.test_audit_twin import SPEC, VERSION, audit
 from tests.e2e.test_driver_install import TREE
-from twin import driver as twin_driver
-from twin import node
 from twin.hwtesting import ModuleCache
 from twin.nvinstaller import build_installer
 from twin.pytest_plugin import PVE_DIRS, TwinHandle
@@ -29,6 +28,7 @@ from twin.pytest_plugin import PVE_DIRS, TwinHandle
 pytestmark = pytest.mark.twin
 
 CT = 200
+OLD = "580.95.05"  # the driver the host runs until the driver change (VERSION: 595.71.05)
 CONF = f"/etc/pve/lxc/{CT}.conf"
 BASE = "arch: amd64\nhostname: ct200\nonboot: 1\nostype: debian\nunprivileged: 1\n"
 NODES = [f"/dev/nvidia{i}" for i in range(6)] + [
@@ -103,19 +103,24 @@ def config(twin: TwinHandle) -> str:
 
 @pytest.fixture(scope="module")
 def kpro6(twin_fleet, tmp_path_factory) -> Iterator[tuple[TwinHandle, Path]]:
-    """A deployed kpro6 twin (driver loaded, its boot converged) with CT 200 created without
+    """A deployed kpro6 twin (driver OLD loaded, its boot converged) with CT 200 created without
     any GPU entry, running, with the host driver's userspace inside."""
     (twin,) = twin_fleet.start(1, "kpro6")
     tmp = tmp_path_factory.mktemp("containers")
     try:
-        with_driver(twin, ModuleCache(tmp / "ko"), VERSION)
+        with_driver(twin, ModuleCache(tmp / "ko"), OLD)
         inv = inventory(tmp / "kpro6.py", twin, spec("devN"))
         first = deploy(inv)
         assert first.rc == 0, first.output[-3000:]
         sh(twin, PVE_DIRS)
         sh(twin, f"cat > {CONF} <<'EOF'\n{BASE}EOF")
         sh(twin, f"pct start {CT}")
-        twin_driver.install_userspace(node.Twin.load(twin.name), CT, VERSION)
+        # The operator's install of that driver's userspace inside, by hand: NVIDIA's .run
+        # (the twin's stand-in) pushed in and run with --no-kernel-modules.
+        old = build_installer(OLD, tmp / "old")
+        shutil.copy(old, twin.root / "root" / old.name)
+        sh(twin, f"pct push {CT} /root/{old.name} /root/{old.name} --perms 0700")
+        sh(twin, f"pct exec {CT} -- sh /root/{old.name} --silent --no-kernel-modules")
         yield twin, tmp
     finally:
         twin_fleet.stop(twin)
@@ -198,25 +203,37 @@ def test_raw_lines_at_the_live_majors_and_a_rerun_fixes_a_stale_one(kpro6):
     assert not deploy(inv).changed
 
 
-def test_the_container_userspace_follows_the_host_driver(kpro6):
+def test_a_host_driver_change_brings_the_container_userspace_along(kpro6):
     twin, tmp = kpro6
-    # The container was left on another driver's userspace (a host driver change it missed).
-    twin_driver.install_userspace(node.Twin.load(twin.name), CT, "580.95.05")
-    rc, out, _ = inside(twin, "ls /usr/lib/x86_64-linux-gnu/ | grep libcuda.so.5")
-    assert "libcuda.so.580.95.05" in out
+    lib = "ls /usr/lib/x86_64-linux-gnu/ | grep -E 'lib(cuda|nvidia-ml).so.5'"
+    assert inside(twin, lib)[1].split() == [f"libcuda.so.{OLD}", f"libnvidia-ml.so.{OLD}"]
     installer = build_installer(VERSION, tmp / "nvidia")
     source = {"tree": str(TREE), "store": str(tmp / "store"), "installer": str(installer)}
     inv = inventory(tmp / "us.py", twin, spec("raw", source=source))
+    done = deploy(inv)  # the host gets VERSION's modules and userspace; OLD stays loaded
+    assert done.rc == 0, done.output[-4000:]
+    assert f"follows the boot that loads driver {VERSION}" in done.output
+    assert inside(twin, lib)[1].split() == [f"libcuda.so.{OLD}", f"libnvidia-ml.so.{OLD}"]
+
+    # The operator removes the old driver's modules (the DKMS build gpuhost did not make) and
+    # reboots into the new one; the container comes back on its old userspace.
+    sh(twin, "rm -rf /lib/modules/$(uname -r)/updates/dkms && depmod -a")
+    twin.reboot()
+    assert f"  {VERSION}  " in (twin.root / "proc/driver/nvidia/version").read_text()
+    rc, out, _ = inside(twin, "nvidia-smi -L")
+    assert rc == 18 and "Driver/library version mismatch" in out, out
+    failed = container_failures(twin, tmp / "us.py")
+    assert failed.get(f"ct.userspace/ct{CT}") == [OLD], failed
+
     done = deploy(inv)
     assert done.rc == 0, done.output[-4000:]
-    assert f"CT {CT}: NVIDIA userspace libcuda 580.95.05" in done.output
-    rc, out, err = inside(
-        twin, "ls /usr/lib/x86_64-linux-gnu/ | grep -E 'lib(cuda|nvidia-ml).so.5'"
+    assert f"CT {CT}: NVIDIA userspace libcuda {OLD}, libnvidia-ml {OLD} -> {VERSION}" in (
+        done.output
     )
+    rc, out, err = inside(twin, lib)
     assert out.split() == [f"libcuda.so.{VERSION}", f"libnvidia-ml.so.{VERSION}"], out + err
-    rc, out, err = inside(
-        twin, "nvidia-smi --query-gpu=index,pci.bus_id,driver_version --format=csv,noheader"
-    )
+    query = "nvidia-smi --query-gpu=index,pci.bus_id,driver_version --format=csv,noheader"
+    rc, out, err = inside(twin, query)
     assert rc == 0, out + err
     rows = [line.split(", ") for line in out.splitlines()]
     assert [r[1] for r in rows] == [
