@@ -38,7 +38,6 @@ from gpuhost.ctplan import ContainerDevices, edit_raw, record_path, restart_mark
 from gpuhost.guestbackup import backup_command, config_path
 from gpuhost.guestpower import guests_from_configs, start_order
 from gpuhost.plan import STATE_DIR, Plan
-from gpuhost.reasons import REBOOT_NOW
 from gpuhost.trialstate import Step
 from gpuhost.userspaceplan import DriverUserspace
 
@@ -234,9 +233,7 @@ def configure(plan: Plan) -> None:
     if wanted is None or not plan.lxc_nodes:
         return  # the userspace is not gpuhost's to manage here (no driver.source.installer)
     driver = observed(host).driver
-    rebooting = any(r.concern in REBOOT_NOW for r in plan.reboot_reasons) or (
-        plan.trial_step is not Step.CONVERGED
-    )
+    rebooting = bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED
     ready = (driver is not None and driver.version == wanted.version) or rebooting
     container_userspace(
         name=f"NVIDIA {wanted.version} userspace in the GPU containers (no kernel modules)",
