@@ -212,6 +212,14 @@ def plan_container(
         if problem:
             problems.append(problem)
             return None
+        if not rebooting and raw_lines(nodes, majors) is None:
+            # pct set refuses a devN whose node does not exist, and without the driver's
+            # modules loaded the boot unit has made none
+            notes.append(
+                f"{label}: the nvidia modules are not loaded, so its device nodes do not exist: "
+                "its devN entries are set by a run after the boot that loads them"
+            )
+            return None
     lock = config.current.options.get("lock")
     if lock and (nodes or record):
         problems.append(

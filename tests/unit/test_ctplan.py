@@ -209,6 +209,15 @@ def test_raw_waits_for_the_boot_that_sets_the_majors() -> None:
     assert ct is not None and ct.dev_set
 
 
+def test_devn_waits_for_the_driver_that_makes_the_nodes() -> None:
+    without_uvm = facts()
+    without_uvm.char_devices.pop("nvidia-uvm")
+    ct, problems, notes = plan(spec(), without_uvm)
+    assert ct is None and problems == [] and any("not loaded" in n for n in notes)
+    ct, _, _ = plan(spec(), without_uvm, rebooting=True)  # the reboot loads them first
+    assert ct is not None
+
+
 def test_a_locked_container_is_refused() -> None:
     ct, problems, _ = plan(spec(), facts(BASE + "lock: backup\n"))
     assert ct is None and "is locked (backup)" in problems[0]
