@@ -356,6 +356,9 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         raise PlanError(host, problems, source)
 
     lxc_nodes, vm_functions = guest_devices(assignments, facts)
+    if problems:
+        raise PlanError(host, problems, source)
+    # Each GPU container's entries (gpuhost/ctplan.py); raw rules wait for a run without reboot.
     rebooting = any(r.concern in REBOOT_NOW for r in reasons) or step is not Step.CONVERGED
     containers = plan_containers(spec, facts, lxc_nodes, rebooting, problems, notes)
     if problems:
