@@ -11,6 +11,7 @@ from . import config as cfg
 from . import config_update as cu
 from . import runtime as rt
 from .clihandler import _BOOL, Output, _abort, get_options
+from .ctpush import push_lxc
 from .schema import Prop, PveError
 
 
@@ -116,7 +117,7 @@ def guest_tool(kind: str, root: Path, argv: list[str], out: Output) -> int:
             usage = "pct push <vmid> <file> <destination> [OPTIONS]\n"
             schema = {"perms": Prop(), "user": Prop(), "group": Prop()}
             params = opts(schema, ["vmid", "file", "destination"])
-            answer = rt.push_lxc(
+            answer = push_lxc(
                 root,
                 int(_vmid_of(params["vmid"])),
                 params["file"],

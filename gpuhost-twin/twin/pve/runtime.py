@@ -54,20 +54,6 @@ def exec_lxc(root: Path, vmid: int, argv: list[str], stdin: str | None) -> dict[
     return supervisor_request(root, {"op": "ct-exec", "ctid": vmid, "argv": argv, "stdin": stdin})
 
 
-def push_lxc(root: Path, vmid: int, file: str, dest: str, perms: str | None) -> dict[str, object]:
-    """pct push (pve-container PVE::CLI::pct push): a running CT only; the file is created
-    from inside the container (its mount namespace), so the supervisor writes it there."""
-    cfg.load_config(root, "lxc", vmid)
-    if not is_running(root, "lxc", vmid):
-        raise PveError("can only push files to a running CT")
-    if not (root / file.lstrip("/")).is_file():
-        raise PveError(f"failed to open {file} for reading")
-    if perms is not None and not perms.startswith("0"):
-        perms = f"0{perms}"  # pct assumes octal
-    request = {"op": "ct-push", "ctid": vmid, "file": file, "dest": dest, "perms": perms}
-    return supervisor_request(root, request)
-
-
 def check_hostpci(root: Path, values: dict[str, str]) -> None:
     """PVE::QemuServer::PCI::parse_hostpci_devices: what `qm start` refuses."""
     machine = values.get("machine", "")
