@@ -30,7 +30,12 @@ pytestmark = pytest.mark.twin
 CT = 200
 OLD = "580.95.05"  # the driver the host runs until the driver change (VERSION: 595.71.05)
 CONF = f"/etc/pve/lxc/{CT}.conf"
-BASE = "arch: amd64\nhostname: ct200\nonboot: 1\nostype: debian\nunprivileged: 1\n"
+# The user's own entries, which gpuhost must leave alone: a device and a raw mount of theirs.
+OWN = ("dev9: /dev/null", "lxc.mount.entry: /srv srv none bind,optional,create=dir")
+BASE = (
+    "arch: amd64\ndev9: /dev/null\nhostname: ct200\nonboot: 1\nostype: debian\nunprivileged: 1\n"
+    "lxc.mount.entry: /srv srv none bind,optional,create=dir\n"
+)
 NODES = [f"/dev/nvidia{i}" for i in range(6)] + [
     "/dev/nvidiactl",
     "/dev/nvidia-uvm",
@@ -133,7 +138,8 @@ def test_devn_gives_exactly_its_gpus_and_survives_a_major_change(kpro6):
     done = deploy(inv)
     assert done.rc == 0, done.output[-3000:]
     conf = config(twin)
-    devs = [line for line in conf.splitlines() if line.startswith("dev")]
+    devs = [line for line in conf.splitlines() if line.startswith("dev") and line not in OWN]
+    assert all(line in conf.splitlines() for line in OWN)
     assert devs == sorted(
         (f"dev{i}: {n},mode=0666" for i, n in enumerate(NODES)), key=lambda s: s.split(":")[0]
     )
@@ -165,7 +171,8 @@ def test_raw_lines_at_the_live_majors_and_a_rerun_fixes_a_stale_one(kpro6):
     assert done.rc == 0, done.output[-3000:]
     conf = config(twin)
     uvm = majors(twin)["nvidia-uvm"]
-    assert not [line for line in conf.splitlines() if line.startswith("dev")]  # devN removed
+    gone = [ln for ln in conf.splitlines() if ln.startswith("dev") and ln not in OWN]
+    assert gone == [] and all(line in conf.splitlines() for line in OWN)  # devN removed
     rules = [line for line in conf.splitlines() if line.startswith("lxc.cgroup2")]
     assert rules == [
         *(f"lxc.cgroup2.devices.allow: c 195:{i} rwm" for i in range(6)),
@@ -173,9 +180,9 @@ def test_raw_lines_at_the_live_majors_and_a_rerun_fixes_a_stale_one(kpro6):
         f"lxc.cgroup2.devices.allow: c {uvm}:0 rwm",
         f"lxc.cgroup2.devices.allow: c {uvm}:1 rwm",
     ]
-    mounts = [line for line in conf.splitlines() if line.startswith("lxc.mount.entry")]
+    mounts = [ln for ln in conf.splitlines() if ln.startswith("lxc.mount.entry") and ln not in OWN]
     assert mounts == [f"lxc.mount.entry: {n} {n[1:]} none bind,optional,create=file" for n in NODES]
-    assert conf.startswith(BASE)  # the rest of the file as it was
+    assert conf.startswith(BASE)  # the rest of the file (the user's entries) as it was
     assert nodes_inside(twin) == expected_nodes(twin)
     assert container_failures(twin, tmp / "raw.py") == {}
     again = deploy(inv)
