@@ -15,6 +15,7 @@ from pyinfra import host
 
 from deploys import (
     boot_cmdline,
+    containers,
     context,
     devices,
     driver,
@@ -22,6 +23,7 @@ from deploys import (
     modules,
     reboot,
     rollout,
+    split,
     trial_boot,
     userspace,
     vms,
@@ -34,6 +36,10 @@ def provision() -> None:
     plan = context.plan(host)
     trial_boot.preflight(plan)
     for _turn in rollout.turns(host):  # one host after another across a fleet: deploys/rollout.py
+        rebooting = bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED
+        moving = None if rebooting else split.power(plan)  # GPUs move live: deploys/split.py
+        if moving is not None:
+            split.release(moving)
         trial_boot.before_install(name="Room for a new kernel; pin the running one", plan=plan)
         new_kernel = kernel.configure(plan)
         driver.configure(plan, new_kernel.compiler if new_kernel is not None else None)
@@ -41,12 +47,14 @@ def provision() -> None:
         boot_cmdline.configure(plan)
         modules.configure(plan)
         devices.configure(plan)
-        rebooting = bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED
-        vms.configure(plan, rebooting=rebooting)
+        vms.configure(plan)
         if plan.trial_step is Step.CONVERGED:
             reboot.reboot_if_needed(plan)
         else:  # the trial's reboot applies everything above too, and its gate checks it
             trial_boot.trial(plan)
+        containers.configure(plan)  # after any reboot: raw rules need that boot's majors
+        if moving is not None:
+            split.restore(moving)
 
 
 if host.data.get(GUEST_KEY) is None:  # guest hosts (gpuhost.guestinventory) are not GPU hosts

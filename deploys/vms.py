@@ -6,8 +6,8 @@ on /vms/<vmid> plus Mapping.Use on the mapping). Through root on the host, over 
 SSH connection, only where Proxmox requires root@pam: taking over a hand-made `host=` entry.
 Each VM's config is backed up on the host before the first change; each PUT carries the digest
 of the config read just before it, checked against what the Plan saw, so a config that changed
-under the run is not overwritten. A running VM keeps hostpci and machine changes pending until
-its next start, so a VM whose GPUs change is shut down (a task, waited for) and started again.
+under the run is not overwritten. A VM whose GPUs change is stopped before (deploys/split.py, or
+the run's reboot) and started after, so its entries apply at that start.
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ from deploys.context import observed
 from deploys.ops import step
 from facts.proxmox import MAPPINGS_FILE, parse_pci_mappings
 from gpuhost import pveapi
+from gpuhost.guestbackup import backup_command
 from gpuhost.inventory import SPEC_KEY
-from gpuhost.plan import STATE_DIR, Plan
+from gpuhost.plan import Plan
 from gpuhost.vmplan import MAPPING_PREFIX, PciMapping, VmGpus
 
-BACKUPS = f"{STATE_DIR}/backups"
-KEEP_BACKUPS = 10  # per guest
 CA_FILE = "/etc/pve/pve-root-ca.pem"
-SHUTDOWN_TIMEOUT = 120  # seconds a VM gets to shut down before it is stopped
 
 _apis: dict[int, pveapi.PveApi] = {}
 
@@ -124,24 +122,13 @@ def _drop_mapping(mid: str, rest: list[str]):
     return run
 
 
-def _backup_command(vmid: int) -> str:
-    conf = f"/etc/pve/qemu-server/{int(vmid)}.conf"
-    prefix = f"{BACKUPS}/qemu-{int(vmid)}-"
-    return (
-        f"mkdir -p {BACKUPS} && cp {conf} {prefix}$(date -u +%Y%m%dT%H%M%SZ).conf && "
-        f"ls -1 {prefix}*.conf | head -n -{KEEP_BACKUPS} | xargs -r rm -f"
-    )
-
-
 @operation(is_idempotent=True)
-def vm_gpus(plan: Plan, vm: VmGpus, running: bool):
+def vm_gpus(plan: Plan, vm: VmGpus):
     """
     Bring one VM's owned hostpci entries and machine type to the Plan.
 
     + plan: the host's Plan
     + vm: the VM's entries (from ``plan.vm_split``)
-    + running: the VM runs now: it is shut down before and started after, so the changes
-      apply (Proxmox keeps hostpci and machine changes pending on a running VM)
     """
     if not vm.exists:
         logger.warning(f"{host.print_prefix}vm {vm.vmid} does not exist; create it, then re-run")
@@ -151,9 +138,7 @@ def vm_gpus(plan: Plan, vm: VmGpus, running: bool):
         host.noop(f"vm {vm.vmid} ({vm.name}) has its GPU entries")
         return
     path = f"/nodes/{node_name()}/qemu/{int(vm.vmid)}"
-    yield _backup_command(vm.vmid)
-    if running:
-        yield step(_power(path, "shutdown"))
+    yield backup_command("qemu", vm.vmid)
     for key, value in sorted(vm.adopt.items()):
         # A user's `host=` entry: only root@pam may change it (qm over SSH, as root).
         wanted = vm.hostpci[key]
@@ -162,8 +147,6 @@ def vm_gpus(plan: Plan, vm: VmGpus, running: bool):
     token_keys = {k: v for k, v in vm.hostpci.items() if k not in vm.adopt}
     if token_keys or vm.delete or vm.machine:
         yield step(_put_config(path, vm, token_keys))
-    if running:
-        yield step(_power(path, "start"))
 
 
 def _put_config(path: str, vm: VmGpus, entries: dict[str, str]):
@@ -189,32 +172,10 @@ def _put_config(path: str, vm: VmGpus, entries: dict[str, str]):
     return run
 
 
-def _power(path: str, action: str):
-    def run(state, host) -> None:
-        if action == "shutdown":
-            _task(
-                "post", f"{path}/status/shutdown", SHUTDOWN_TIMEOUT + 30, timeout=SHUTDOWN_TIMEOUT
-            )
-        else:
-            _task("post", f"{path}/status/{action}")
-
-    return run
-
-
-def configure(plan: Plan, rebooting: bool) -> None:
-    """Apply the Plan's VM side: mappings first (a hostpci entry names one), then each VM.
-
-    With a host reboot ahead, running VMs are not restarted here: the reboot stops them and
-    its startall applies their pending changes, after the boot bound their GPUs to vfio-pci.
-    """
+def configure(plan: Plan) -> None:
+    """Apply the Plan's VM side: mappings first (a hostpci entry names one), then each VM."""
     if not plan.vm_split.vms and not plan.vm_split.mappings:
         return
-    statuses = {} if rebooting else (observed(host).guest_statuses or {})
     pci_mappings(name="PCI mappings for the VMs' GPUs", plan=plan)
     for vmid, vm in sorted(plan.vm_split.vms.items()):
-        vm_gpus(
-            name=f"GPU entries of vm {vmid}",
-            plan=plan,
-            vm=vm,
-            running=statuses.get(("qemu", vmid)) == "running",
-        )
+        vm_gpus(name=f"GPU entries of vm {vmid}", plan=plan, vm=vm)

@@ -19,6 +19,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from facts.boot import BootPath, BootPathInfo
 from facts.compilers import CompilerInventory, KernelCompilers
+from facts.containers import PackageVersion, PveContainerVersion
 from facts.files import BootId, ConfigFiles, ManagedFiles
 from facts.kernel import (
     CharDevices,
@@ -81,12 +82,15 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "BootPath": (BootPath, {}),
     "GuestStatuses": (GuestStatuses, {}),
     "KernelCompilers": (KernelCompilers, {}),
+    "PveContainerVersion": (PveContainerVersion, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
 # fact's default (no SEV flags, no IOMMU units or group types, a boot path not known, no kernel
 # configs or compilers), as if the host had shown none; the managed files, loaded modules and
 # boot id load as None ("not captured"), and so do the guest statuses.
-NOT_CAPTURED = frozenset({"LoadedModules", "ConfigFiles", "BootId", "GuestStatuses"})
+NOT_CAPTURED = frozenset(
+    {"LoadedModules", "ConfigFiles", "BootId", "GuestStatuses", "PveContainerVersion"}
+)
 ADDED_LATER = frozenset({"SevSnp", "IommuDomains", "BootPath", "KernelCompilers"}) | NOT_CAPTURED
 
 
@@ -115,6 +119,7 @@ class HostFacts:
     boot_path: BootPathInfo = field(default_factory=BootPathInfo)  # known=False: not captured
     guest_statuses: dict[tuple[str, int], str] | None = None  # None: not captured
     compilers: CompilerInventory = field(default_factory=CompilerInventory)
+    pve_container: PackageVersion | None = None  # None: not captured
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -189,6 +194,7 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         boot_path=value["BootPath"],
         guest_statuses=value["GuestStatuses"],
         compilers=value["KernelCompilers"],
+        pve_container=value["PveContainerVersion"],
     )
 
 

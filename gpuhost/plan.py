@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from gpuhost import modconf
 from gpuhost.bootplan import after_commit, boot_config
+from gpuhost.ctplan import ContainerDevices, plan_containers
 from gpuhost.driverplan import DriverModules, plan_driver_modules
 from gpuhost.gpus import model_name, needs_open_modules
 from gpuhost.guestdevices import guest_devices
@@ -153,6 +154,8 @@ class Plan:
     target_kernel: str = ""  # spec.kernel.version
     driver_modules: DriverModules | None = None  # None: the spec leaves them unmanaged
     driver_userspace: DriverUserspace | None = None  # None: no driver.source.installer
+    # Each container's GPU entries (devN or raw lines) and what changes (gpuhost/ctplan.py).
+    containers: dict[int, ContainerDevices] = field(default_factory=dict)
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -366,6 +369,11 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     )
     if problems:
         raise PlanError(host, problems, source)
+    # Each GPU container's entries (gpuhost/ctplan.py); raw rules wait for a run without reboot.
+    rebooting = any(r.concern in REBOOT_NOW for r in reasons) or step is not Step.CONVERGED
+    containers = plan_containers(spec, facts, lxc_nodes, rebooting, problems, notes)
+    if problems:
+        raise PlanError(host, problems, source)
     expected = [p for p in running if p not in remove]
     cut = expected.index("--") if "--" in expected else len(expected)
     expected = expected[:cut] + add + expected[cut:]
@@ -402,4 +410,5 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         target_kernel=spec.kernel.version,
         driver_modules=plan_driver_modules(spec, facts),
         driver_userspace=userspace,
+        containers=containers,
     )

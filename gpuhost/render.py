@@ -65,6 +65,7 @@ def render_plan(plan: Plan) -> str:
     for owner, env in plan.guest_env.items():
         if env:
             out.append(f"env for {owner}: {' '.join(f'{k}={v}' for k, v in sorted(env.items()))}")
+    out += [ct.summary for ct in plan.containers.values()]
     out += ["", "managed files:"]
     for item in plan.files.values():
         state = f"-> {item.link}" if item.link else "present" if item.present else "absent"

@@ -247,6 +247,30 @@ def exec_(twin: node.Twin, ctid: int, argv: list[str], stdin: str | None) -> dic
     return answer(res.returncode, res.stdout, res.stderr)
 
 
+def push(twin: node.Twin, ctid: int, file: str, dest: str, perms: Any) -> dict[str, Any]:
+    """`pct push <ctid> <file> <dest> [--perms]`: the twin's file, written from inside the
+    container (as pct does after entering its mount namespace), so a symlink in the guest
+    cannot point it outside."""
+    if not is_running(twin, ctid):
+        return answer(255, stderr="can only push files to a running CT\n")
+    source = twin.root / file.lstrip("/")
+    try:
+        data = source.read_bytes()
+    except OSError:
+        return answer(255, stderr=f"failed to open {file} for reading\n")
+    mode = str(perms) if perms else "0644"
+    if not re.fullmatch(r"0[0-7]{3,4}", mode):
+        return answer(255, stderr=f"invalid perms {mode!r}\n")
+    cmd = ["lxc-attach", "-P", str(twin.dir / "lxc"), "-n", container_name(twin, ctid)]
+    cmd += ["--clear-env", "--set-var", f"PATH={ATTACH_PATH}", "--"]
+    script = 'umask 077 && cat > "$1" && chmod "$2" "$1"'
+    res = subprocess.run([*cmd, "sh", "-c", script, "sh", dest, mode], input=data,
+                         capture_output=True)  # fmt: skip
+    if res.returncode != 0:
+        return answer(255, stderr=res.stderr.decode(errors="replace") or "push failed\n")
+    return answer(0)
+
+
 def start_onboot(twin: node.Twin) -> None:
     """pve-guests.service at boot: startall without force (twin/pve/startstop.py), so every
     guest with `onboot: 1` starts in startup order (ascending `order`, guests without one last,

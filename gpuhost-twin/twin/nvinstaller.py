@@ -15,8 +15,11 @@ libcuda.so.<ver> and libnvidia-ml.so.<ver> (real libraries of that version, twin
 with their .so.1 and .so links in /usr/lib/x86_64-linux-gnu (after removing another version's,
 as the real one uninstalls the previous driver), /usr/bin/nvidia-persistenced (a stand-in that
 forks and writes its pid file), and the GSP firmware /lib/firmware/nvidia/<ver>/gsp_*.bin
-(twin/modbuild.py's format); then ldconfig. It leaves nvidia-smi and nvidia-modprobe alone: the
-twin's shims (twin/hardware.py) stand in for them.
+(twin/modbuild.py's format); then ldconfig. nvidia-smi goes to /usr/bin like the real one's,
+as a stand-in that asks the driver what the real one asks it through NVML (GUEST_SMI below), so
+it also works inside a container, which has no twin shims; where /usr/bin/nvidia-smi is the
+twin's own shim (a twin host: twin/hardware.py) it is left alone, as that shim is the hardware's
+tool there. nvidia-modprobe is left alone (the twin's shim stands in for it).
 
     build_installer("595.71.05", Path("/tmp/nv"))   # -> /tmp/nv/NVIDIA-Linux-x86_64-595.71.05.run
 """
@@ -36,6 +39,88 @@ PERSISTENCED = """#!/bin/sh
 mkdir -p /var/run/nvidia-persistenced
 ( trap 'exit 0' TERM; while :; do sleep 3600; done ) </dev/null >/dev/null 2>&1 &
 echo $! >/var/run/nvidia-persistenced/nvidia-persistenced.pid
+"""
+
+# nvidia-smi as the real one behaves on top of NVML, for the queries gpuhost and its tests make:
+# -L, --query-gpu=FIELDS --format=csv[,noheader][,nounits]. NVML learns the driver's version
+# and GPUs from the kernel module (here: the twin's RM file, hwsim/rm.py, which a container
+# sees through its read-only /proc/driver) and opens /dev/nvidiactl and each /dev/nvidia<minor>:
+# a GPU whose node is missing or that the device cgroup denies (EPERM) is not listed; with no
+# real driver behind an allowed node, open() answers ENXIO, which counts as reachable.
+GUEST_SMI = r"""#!/usr/bin/python3
+# gpuhost-twin stand-in for nvidia-smi @VERSION@ (installed by NVIDIA-Linux-x86_64-@VERSION@.run)
+import errno, os, stat, sys
+
+VERSION = "@VERSION@"
+RM = "/proc/driver/gpuhost-twin-rm"
+FIELDS = {"index", "name", "uuid", "pci.bus_id", "driver_version", "count"}
+
+
+def reachable(path, major, minor):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if not stat.S_ISCHR(st.st_mode) or (os.major(st.st_rdev), os.minor(st.st_rdev)) != (major, minor):
+        return False
+    try:
+        os.close(os.open(path, os.O_RDWR))
+    except OSError as exc:
+        return exc.errno in (errno.ENXIO, errno.ENODEV)
+    return True
+
+
+def main(argv):
+    try:
+        lines = open(RM).read().splitlines()
+    except OSError:
+        sys.stdout.write("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+                         "driver. Make sure that the latest NVIDIA driver is installed and running.\n")
+        return 9
+    version, gpus = None, []
+    for line in lines:
+        words = line.split(" ", 4)
+        if words[0] == "version":
+            version = words[1]
+        elif words[0] == "gpu" and len(words) == 5:
+            gpus.append({"bdf": words[1], "minor": int(words[2]), "uuid": words[3], "name": words[4]})
+    if not reachable("/dev/nvidiactl", 195, 255):
+        sys.stdout.write("Failed to initialize NVML: Unknown Error\n")
+        return 255
+    if version != VERSION:
+        sys.stdout.write("Failed to initialize NVML: Driver/library version mismatch\n"
+                         f"NVML library version: {VERSION}\n")
+        return 18
+    gpus = [g for g in gpus if reachable(f"/dev/nvidia{g['minor']}", 195, g["minor"])]
+    if not gpus:
+        sys.stdout.write("No devices were found\n")
+        return 6
+    if argv == ["-L"]:
+        for i, g in enumerate(gpus):
+            sys.stdout.write(f"GPU {i}: {g['name']} (UUID: {g['uuid']})\n")
+        return 0
+    query = [a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")]
+    fmt = [a.split("=", 1)[1] for a in argv if a.startswith("--format=")]
+    if len(query) != 1 or len(fmt) != 1 or len(argv) != 2 or "csv" not in fmt[0].split(","):
+        sys.stderr.write("nvidia-smi (gpuhost-twin stand-in): only -L and "
+                         "--query-gpu=FIELDS --format=csv[,noheader] are simulated\n")
+        return 2
+    fields = [f.strip() for f in query[0].split(",")]
+    unknown = [f for f in fields if f not in FIELDS]
+    if unknown:
+        sys.stdout.write(f'Field "{unknown[0]}" is not a valid field to query.\n')
+        return 2
+    if "noheader" not in fmt[0].split(","):
+        sys.stdout.write(", ".join(fields) + "\n")
+    for i, g in enumerate(gpus):
+        bus = "00000000" + g["bdf"][4:].upper()
+        values = {"index": str(i), "name": g["name"], "uuid": g["uuid"], "pci.bus_id": bus,
+                  "driver_version": version, "count": str(len(gpus))}
+        sys.stdout.write(", ".join(values[f] for f in fields) + "\n")
+    return 0
+
+
+sys.exit(main(sys.argv[1:]))
 """
 
 HEADER = """#!/bin/sh
@@ -77,6 +162,10 @@ for name in libcuda libnvidia-ml; do
     ln -s "$name.so.1" "$lib/$name.so" || exit 1
 done
 cp "$tmp/nvidia-persistenced" /usr/bin/ && chmod 0755 /usr/bin/nvidia-persistenced || exit 1
+if ! head -c 200 /usr/bin/nvidia-smi 2>/dev/null | grep -q 'gpuhost twin: simulated hardware'; then
+  cp "$tmp/nvidia-smi" /usr/bin/nvidia-smi.new && chmod 0755 /usr/bin/nvidia-smi.new &&
+    mv -f /usr/bin/nvidia-smi.new /usr/bin/nvidia-smi || exit 1
+fi
 cp "$tmp"/firmware/gsp_*.bin "/lib/firmware/nvidia/$VERSION/" || exit 1
 ldconfig
 mkdir -p /var/log && echo "nvidia-installer $VERSION: installed (no kernel modules)" \\
@@ -107,6 +196,7 @@ def build_installer(
         for path in libs.values():
             _add(tar, path.name, path.read_bytes(), 0o755)
         _add(tar, "nvidia-persistenced", PERSISTENCED.encode(), 0o755)
+        _add(tar, "nvidia-smi", GUEST_SMI.replace("@VERSION@", version).encode(), 0o755)
         for blob in GSP_FIRMWARE:
             _add(tar, f"firmware/{blob}", firmware_blob(version))
     header = HEADER.replace("@VERSION@", version).replace("@LIBDIR@", LIBDIR)

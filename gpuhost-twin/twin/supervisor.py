@@ -6,7 +6,7 @@ chroot. Its sshd is its child; SIGTERM stops guests, sessions and sshd, then the
 Request protocol (shims inside the twin use /usr/lib/gpuhost-twin/twinreq.py):
     a shim writes  <root>/run/gpuhost-twin/requests/<id>.json   (atomically: tmp file + rename)
     we answer in   <root>/run/gpuhost-twin/requests/<id>.done   {"rc": int, "stdout": str, "stderr": str}
-Ops (see twin/README.md): reboot, ct-start, ct-stop, ct-exec. Requests run one at a time, in order.
+Ops (see twin/README.md): reboot, ct-start, ct-stop, ct-exec, ct-push. Requests run one at a time, in order.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class Supervisor:
         if op == "reboot":
             self.reboot()
             return None  # the requester's session is gone; nobody reads an answer
-        if op in ("ct-start", "ct-stop", "ct-status", "ct-exec"):
+        if op in ("ct-start", "ct-stop", "ct-status", "ct-exec", "ct-push"):
             try:
                 ctid = int(req["ctid"])
             except (KeyError, TypeError, ValueError):
@@ -161,6 +161,10 @@ class Supervisor:
                 return guests.stop(self.twin, ctid)
             if op == "ct-status":
                 return guests.status(self.twin, ctid)
+            if op == "ct-push":
+                return guests.push(
+                    self.twin, ctid, str(req.get("file")), str(req.get("dest")), req.get("perms")
+                )
             argv = req.get("argv")
             if not isinstance(argv, list) or not argv:
                 return answer(2, stderr="ct-exec: 'argv' must be a non-empty list\n")

@@ -34,8 +34,10 @@ AUDIT_FACTS: dict[str, type[FactBase]] = {
     "NvidiaModuleFiles": NvidiaModuleFiles,
     "CudaProbe": CudaProbe,
 }
-# The audit reads every fact the deploy reads (the Plan needs them all), in the same one command.
-HOST_FACT_KEYS = tuple(FACTS)
+# The audit reads every fact the deploy reads (the Plan needs them all), in the same one command,
+# but pve-container's version: it decides how the deploy may write devN entries, not what the
+# audit checks (the entries that are there), and reads as "not captured" here.
+HOST_FACT_KEYS = tuple(k for k in FACTS if k != "PveContainerVersion")
 GUEST_FACTS: dict[str, type[FactBase]] = {
     "NvidiaDeviceNodes": NvidiaDeviceNodes,
     "NvidiaUserspace": NvidiaUserspace,

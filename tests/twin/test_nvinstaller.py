@@ -45,8 +45,14 @@ def test_extract_only_gives_the_payload(tmp_path: Path) -> None:
         f"libcuda.so.{VERSION}",
         f"libnvidia-ml.so.{VERSION}",
         "nvidia-persistenced",
+        "nvidia-smi",
     ]
     assert (top / "firmware/gsp_ga10x.bin").read_bytes() == firmware_blob(VERSION)
+    # Its nvidia-smi asks the driver (the twin's RM file); on a machine without one it says so
+    # as the real one does. Inside twin containers it is exercised by tests/e2e/test_containers.
+    if not Path("/proc/driver/gpuhost-twin-rm").exists():
+        smi = subprocess.run([str(top / "nvidia-smi"), "-L"], capture_output=True, text=True)
+        assert smi.returncode == 9 and "couldn't communicate with the NVIDIA driver" in smi.stdout
     soname = subprocess.run(
         ["objdump", "-p", str(top / f"libcuda.so.{VERSION}")], capture_output=True, text=True
     )

@@ -103,6 +103,7 @@ def install(root: Path, profile: Any = None, node: str | None = None) -> None:
             "grub_on_esp": bool(_get(boot, "grub_on_esp"))}  # fmt: skip
     (state / "pve.json").write_text(json.dumps(info, indent=1) + "\n")
     _layout_pve(root, node)
+    _register_packages(root)
     _install_code(root)
     _install_kernel_hooks(root, loader)
     _factory_boot(root, boot, loader, firmware)
@@ -127,6 +128,30 @@ def _layout_pve(root: Path, node: str) -> None:
                 shutil.move(str(item), str(pve / target / item.name))
             path.rmdir()
         path.symlink_to(target)
+
+
+# The Proxmox packages whose versions a deploy reads (dpkg-query): pve-container's decides
+# whether devN entries exist (5.0.7+). This is stable-bookworm's (PVE 8.4), whose sources the
+# simulation follows (pve-api.md).
+PACKAGES = {"pve-container": "5.3.5"}
+
+
+def _register_packages(root: Path) -> None:
+    """Record the simulated Proxmox packages in dpkg's database, as installed (once)."""
+    status = root / "var/lib/dpkg/status"
+    if not status.is_file():
+        return
+    text = status.read_text()
+    for package, version in PACKAGES.items():
+        if f"\nPackage: {package}\n" in f"\n{text}":
+            continue
+        text = text.rstrip("\n") + (
+            f"\n\nPackage: {package}\nStatus: install ok installed\nPriority: optional\n"
+            "Section: perl\nInstalled-Size: 1\nMaintainer: Proxmox Support Team "
+            f"<support@proxmox.com>\nArchitecture: all\nVersion: {version}\n"
+            "Description: gpuhost twin stand-in for the Proxmox package of this name\n"
+        )
+    status.write_text(text if text.endswith("\n") else text + "\n")
 
 
 def _install_code(root: Path) -> None:

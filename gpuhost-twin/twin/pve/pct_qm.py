@@ -11,6 +11,7 @@ from . import config as cfg
 from . import config_update as cu
 from . import runtime as rt
 from .clihandler import _BOOL, Output, _abort, get_options
+from .ctpush import push_lxc
 from .schema import Prop, PveError
 
 
@@ -112,6 +113,19 @@ def guest_tool(kind: str, root: Path, argv: list[str], out: Output) -> int:
         elif cmd in ("start", "stop"):
             params = opts(routes._START if cmd == "start" else routes._STOP)
             return _start_stop(kind, cmd, root, int(_vmid_of(params["vmid"])), out)
+        elif cmd == "push" and kind == "lxc":
+            usage = "pct push <vmid> <file> <destination> [OPTIONS]\n"
+            schema = {"perms": Prop(), "user": Prop(), "group": Prop()}
+            params = opts(schema, ["vmid", "file", "destination"])
+            answer = push_lxc(
+                root,
+                int(_vmid_of(params["vmid"])),
+                params["file"],
+                params["destination"],
+                params.get("perms"),
+            )
+            _relay(answer, out)
+            return 0 if answer.get("rc") == 0 else 255
         elif cmd == "exec" and kind == "lxc":
             usage = "pct exec <vmid> [<extra-args>]\n"
             params = opts({}, ["vmid", "extra-args"])

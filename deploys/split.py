@@ -1,0 +1,62 @@
+"""Moving GPUs between guests while the host runs: no GPU is ever in two running guests.
+
+A guest whose GPU entries change (a container's device entries, a VM's owned hostpci entries,
+gpuhost/ctplan.py and gpuhost/vmplan.py) is affected, on both sides of every move: the guest
+that loses a GPU and the one that gains it. Without a host reboot in the run, every affected
+guest that runs is shut down first (Proxmox's stopall, reverse startup order, recorded in
+/var/lib/gpuhost/guests-before-reboot like around a reboot), then the entries are written, the
+boards are rebound between nvidia and vfio-pci (deploys/vfio.py: now nothing holds them), the
+containers start with their new entries (deploys/containers.py), and last the recorded guests
+start again in startup order (startall). So a GPU leaves its old guest before any guest that
+gains it starts, whatever the direction or a swap, and a run killed in between brings the
+guests back on its next run from the record.
+
+With a host reboot in the run, the reboot stops and starts the guests itself and the boot claims
+the VMs' boards for vfio-pci; nothing is stopped here.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from deploys.context import observed
+from deploys.guests import RECORD, start_guests, stop_guests
+from gpuhost.guestpower import (
+    GuestId,
+    GuestPower,
+    guests_from_configs,
+    parse_record,
+    plan_guest_power,
+)
+from gpuhost.plan import Plan
+
+
+def affected(plan: Plan) -> set[GuestId]:
+    """The guests whose GPU entries change in this run."""
+    found: set[GuestId] = {("qemu", vmid) for vmid, vm in plan.vm_split.vms.items() if vm.changes}
+    found |= {
+        ("lxc", ctid) for ctid, ct in plan.containers.items() if ct.changes_config or ct.restart
+    }
+    return found
+
+
+def power(plan: Plan) -> GuestPower:
+    """Stop the affected guests that run; bring them back (and an earlier killed run's) after."""
+    now = observed(host)
+    moving = affected(plan)
+    statuses = {g: s for g, s in (now.guest_statuses or {}).items() if g in moving}
+    recorded = parse_record(now.managed.files.get(RECORD) if now.managed else None)
+    return plan_guest_power(
+        guests_from_configs(now.guest_configs), statuses, recorded, rebooting=True
+    )
+
+
+@deploy("Release the GPUs that move")
+def release(guests: GuestPower) -> None:
+    stop_guests(name="Shut down the guests whose GPUs change", power=guests)
+
+
+@deploy("Start the guests whose GPUs changed")
+def restore(guests: GuestPower) -> None:
+    start_guests(name="Start the guests whose GPUs changed", power=guests)
