@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from twin import hwsim
-from twin.boot_modules import _load_modules, _udev_overrides
+from twin.boot_modules import _load_modules
 from twin.kernel_choice import BOOTCFG, BrickedError, choose_kernel, read_default_grub
 from twin.profile import Profile
 
@@ -63,7 +63,6 @@ def simulate_boot(
     hw.save()
     if early_hook:
         early_hook(root)
-    _udev_overrides(hw)
     _load_modules(hw)
     hw.state["p2p_dma_safe"] = not hw.state["sev_snp_active"]
     hw.state["boot_done"] = True

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from twin import guests, mounts, node, processes, units
+from twin import guests, mounts, node, processes, procview, units
 
 RUN = "run/gpuhost-twin"
 API_PORT = 8006
@@ -137,6 +137,18 @@ class Supervisor:
         self.boot()
         log(f"rebooted in {time.monotonic() - t0:.2f} s")
 
+    def apply_sysfs_writes(self) -> None:
+        """What the kernel does at once when a sysfs control file is written (bind, unbind,
+        drivers_probe): the twin's files are plain, so the supervisor applies them each tick."""
+        if self.profile is None or not sysfs_writes_pending(self.root):
+            return
+        from twin import hwsim
+
+        try:
+            hwsim.apply_sysfs_writes(self.root)
+        except Exception:
+            log(f"sysfs writes failed:\n{traceback.format_exc()}")
+
     def write_uptime(self) -> None:
         up = self.uptime_offset + time.monotonic() - self.booted
         path = self.root / "proc/uptime"
@@ -194,13 +206,18 @@ class Supervisor:
         (self.twin.dir / "ready").write_text(f"{os.getpid()}\n")
         worker = threading.Thread(target=self.worker, daemon=True)
         worker.start()
-        last = 0.0
+        last = last_pids = 0.0
         while not self.stopping.is_set():
             now = time.monotonic()
             if now - last >= 1.0:
                 with self.lock:
                     self.write_uptime()
                 last = now
+            if now - last_pids >= 0.5:
+                with contextlib.suppress(OSError):
+                    procview.sync_pid_links(self.root, self.twin.dir)
+                last_pids = now
+            self.apply_sysfs_writes()
             try:
                 names = os.listdir(self.requests)
             except FileNotFoundError:
@@ -213,6 +230,21 @@ class Supervisor:
         worker.join(timeout=30)
         self.halt()
         (self.twin.dir / "ready").unlink(missing_ok=True)
+
+
+def sysfs_writes_pending(root: Path) -> bool:
+    """Whether any PCI control file holds a write not applied yet (a cheap stat per file)."""
+    bus = root / "sys/bus/pci"
+    files = [bus / "drivers_probe"]
+    drivers = bus / "drivers"
+    with contextlib.suppress(OSError):
+        for d in os.scandir(drivers):
+            files += [Path(d.path) / "bind", Path(d.path) / "unbind"]
+    for f in files:
+        with contextlib.suppress(OSError):
+            if f.stat().st_size:
+                return True
+    return False
 
 
 def answer(rc: int, stdout: str = "", stderr: str = "") -> dict[str, Any]:

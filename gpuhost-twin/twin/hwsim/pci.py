@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import stat
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .catalog import BRIDGE_DRIVER
@@ -16,6 +18,34 @@ if TYPE_CHECKING:
 
 class PciBinding(Machine):
     """Driver binding per BDF (a part of Hw)."""
+
+    def apply_writes(self) -> bool:
+        """Apply pending writes to the sysfs control files (see _apply_sysfs_writes)."""
+        return _apply_sysfs_writes(self)  # type: ignore[arg-type]  # self is an Hw
+
+    def gpu_holders(self, bdf: str) -> list[int]:
+        """Processes of the machine that hold this GPU's /dev/nvidiaN open (any node of major
+        195 and its minor: a container's own node counts too), read through /proc/<pid>/fd."""
+        minor = next((g["minor"] for g in self.nvidia_gpus() if g["bdf"] == bdf), None)  # type: ignore[attr-defined]
+        if minor is None:
+            return []
+        wanted = os.makedev(195, minor)
+        holders = []
+        proc = self.p("proc")
+        for entry in os.scandir(proc) if proc.is_dir() else []:
+            if not entry.name.isdigit():
+                continue
+            try:
+                target = os.readlink(entry.path) if entry.is_symlink() else None
+                fds = self.p(target) / "fd" if target else Path(entry.path) / "fd"
+                for fd in os.scandir(fds):
+                    st = os.stat(fd.path)
+                    if stat.S_ISCHR(st.st_mode) and st.st_rdev == wanted:
+                        holders.append(int(entry.name))
+                        break
+            except OSError:
+                continue
+        return holders
 
     def driver_override(self, bdf: str) -> str | None:
         f = self.p(f"sys/bus/pci/devices/{bdf}/driver_override")
@@ -167,10 +197,23 @@ def _apply_sysfs_writes(hw: Hw) -> bool:
     probes = probe.read_text().split() if probe.exists() else []
     if probes:
         probe.write_text("")
+    waiting = hw.state.setdefault("remove_waiting", [])
     for ctl, driver, bdf in requests:
         if bdf not in bindings:
             continue
+        if ctl == "unbind" and bindings[bdf] == driver == "nvidia" and hw.gpu_holders(bdf):
+            # nv_pci_remove (nv-pci.c) waits, looping on os_delay(500), until the usage count
+            # drops to zero: the unbind does not complete while anything holds the GPU open.
+            if bdf not in waiting:
+                waiting.append(bdf)
+                hw.klog(f"NVRM: Attempting to remove device {bdf} with non-zero usage count!")
+            with (drivers / driver / "unbind").open("a") as f:
+                f.write(bdf + "\n")
+            changed = True
+            continue
         if ctl == "unbind" and bindings[bdf] == driver:
+            if bdf in waiting:
+                waiting.remove(bdf)
             bindings[bdf], changed = None, True
         elif ctl == "bind" and bindings[bdf] is None:
             override = hw.driver_override(bdf)
