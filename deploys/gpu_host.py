@@ -23,6 +23,7 @@ from deploys import (
     reboot,
     trial_boot,
     userspace,
+    vfio,
 )
 from gpuhost.trialstate import Step
 
@@ -33,6 +34,7 @@ new_kernel = kernel.configure(plan)
 driver.configure(plan, new_kernel.compiler if new_kernel is not None else None)
 userspace.configure(plan)  # before any reboot: the open module needs its GSP firmware to load
 boot_cmdline.configure(plan)
+vfio.configure(plan)  # before modules: its initramfs rebuild covers both
 modules.configure(plan)
 devices.configure(plan)
 if plan.trial_step is Step.CONVERGED:

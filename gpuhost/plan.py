@@ -48,6 +48,8 @@ from gpuhost.userspaceplan import (
     persistenced_unit,
     plan_driver_userspace,
 )
+from gpuhost.vfioplan import INITRAMFS_FILES as VFIO_INITRAMFS_FILES
+from gpuhost.vfioplan import VfioBinding, plan_vfio, vfio_files
 
 __all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan"]
 
@@ -150,6 +152,7 @@ class Plan:
     target_kernel: str = ""  # spec.kernel.version
     driver_modules: DriverModules | None = None  # None: the spec leaves them unmanaged
     driver_userspace: DriverUserspace | None = None  # None: no driver.source.installer
+    vfio: VfioBinding | None = None  # the VMs' functions bound to vfio-pci at boot (vfioplan.py)
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -332,7 +335,11 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     refresh = "proxmox-boot-tool refresh" if tool is not None and tool.configured else "update-grub"
     follow_ups = [
         FollowUp("loader", refresh, tuple(boot.files)),
-        FollowUp("initramfs", "update-initramfs -u -k all", modconf.INITRAMFS_FILES),
+        FollowUp(
+            "initramfs",
+            "update-initramfs -u -k all",
+            (*modconf.INITRAMFS_FILES, *VFIO_INITRAMFS_FILES),
+        ),
         FollowUp(
             "systemd",
             "systemctl daemon-reload",
@@ -355,6 +362,9 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     lxc_nodes, vm_functions = guest_devices(assignments, facts)
     if problems:
         raise PlanError(host, problems, source)
+    vfio = plan_vfio(vm_functions, {bdf: d.class_code for bdf, d in facts.pci.items()})
+    for path, content, mode in vfio_files(vfio):
+        files[path] = ManagedFile(path, content, "vfio", mode=mode)
     expected = [p for p in running if p not in remove]
     cut = expected.index("--") if "--" in expected else len(expected)
     expected = expected[:cut] + add + expected[cut:]
@@ -390,4 +400,5 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         target_kernel=spec.kernel.version,
         driver_modules=plan_driver_modules(spec, facts),
         driver_userspace=userspace,
+        vfio=vfio,
     )

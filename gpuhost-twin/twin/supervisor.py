@@ -63,7 +63,7 @@ class Supervisor:
                 from twin import boot
 
                 try:
-                    boot.simulate_boot(self.root, self.profile)
+                    boot.simulate_boot(self.root, self.profile, live_sysfs=True)
                 except boot.BrickedError as exc:
                     # A simulated failure: like the real host, the twin does not come back.
                     bricked = True
@@ -137,15 +137,19 @@ class Supervisor:
         self.boot()
         log(f"rebooted in {time.monotonic() - t0:.2f} s")
 
-    def apply_sysfs_writes(self) -> None:
+    def apply_sysfs_writes(self, retry: bool = False) -> None:
         """What the kernel does at once when a sysfs control file is written (bind, unbind,
-        drivers_probe): the twin's files are plain, so the supervisor applies them each tick."""
-        if self.profile is None or not sysfs_writes_pending(self.root):
+        drivers_probe): the supervisor holds the control FIFOs open and applies each request
+        (hwsim/sysfs_ctl.py); ``retry`` also retries unbinds the nvidia driver waits on."""
+        if self.profile is None:
             return
         from twin import hwsim
+        from twin.hwsim import sysfs_ctl
 
         try:
-            hwsim.apply_sysfs_writes(self.root)
+            sysfs_ctl.hold_all(self.root)
+            if sysfs_ctl.pending(self.root) or (retry and _removals_waiting(self.root)):
+                hwsim.apply_sysfs_writes(self.root)
         except Exception:
             log(f"sysfs writes failed:\n{traceback.format_exc()}")
 
@@ -213,11 +217,12 @@ class Supervisor:
                 with self.lock:
                     self.write_uptime()
                 last = now
-            if now - last_pids >= 0.5:
+            retry = now - last_pids >= 0.5
+            if retry:
                 with contextlib.suppress(OSError):
                     procview.sync_pid_links(self.root, self.twin.dir)
                 last_pids = now
-            self.apply_sysfs_writes()
+            self.apply_sysfs_writes(retry)
             try:
                 names = os.listdir(self.requests)
             except FileNotFoundError:
@@ -232,19 +237,14 @@ class Supervisor:
         (self.twin.dir / "ready").unlink(missing_ok=True)
 
 
-def sysfs_writes_pending(root: Path) -> bool:
-    """Whether any PCI control file holds a write not applied yet (a cheap stat per file)."""
-    bus = root / "sys/bus/pci"
-    files = [bus / "drivers_probe"]
-    drivers = bus / "drivers"
-    with contextlib.suppress(OSError):
-        for d in os.scandir(drivers):
-            files += [Path(d.path) / "bind", Path(d.path) / "unbind"]
-    for f in files:
-        with contextlib.suppress(OSError):
-            if f.stat().st_size:
-                return True
-    return False
+def _removals_waiting(root: Path) -> bool:
+    """Whether an nvidia unbind waits for a GPU's holders (hw.json remove_waiting)."""
+    try:
+        return bool(
+            json.loads((root / "var/lib/gpuhost-twin/hw.json").read_text()).get("remove_waiting")
+        )
+    except (OSError, ValueError):
+        return False
 
 
 def answer(rc: int, stdout: str = "", stderr: str = "") -> dict[str, Any]:

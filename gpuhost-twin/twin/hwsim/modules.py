@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from . import sysfs_ctl
 from .catalog import BRIDGE_DRIVER, IN_TREE, NVIDIA_DEPS, UVM_PARAMS
 from .kofile import gcc_release, ko_info, norm
 from .machine import STATE, Machine
@@ -182,6 +183,8 @@ class KernelModules(Machine):
         options = " ".join([*conf["options"].get(name, []), *params])
         command = install.replace("$CMDLINE_OPTS", options)
         self.save()  # the command's own modprobe calls read and change the saved state
+        if self.state.get("live_sysfs"):
+            sysfs_ctl.hold_all(self.root)  # so the command's writes to them never wait
         runner = self.install_runner or self._chroot_runner
         rc, output = runner(command, {"MODPROBE_MODULE": name})
         path = self.p(STATE)

@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import sysfs_ctl
 from .catalog import BRIDGE_DRIVER
 from .kofile import norm
 from .machine import Machine, remove_tree
@@ -136,8 +137,9 @@ def layout_pci(hw: Hw) -> None:
     hw.state["sysfs_paths"] = paths
     bus_devices = hw.p("sys/bus/pci/devices")
     bus_devices.mkdir(parents=True)
-    for ctl in ("drivers_probe", "rescan"):
-        hw.write(f"sys/bus/pci/{ctl}", "", 0o200)
+    live = bool(hw.state.get("live_sysfs"))
+    sysfs_ctl.make(hw.p("sys/bus/pci/drivers_probe"), live)
+    hw.write("sys/bus/pci/rescan", "", 0o200)
     bindings = hw.state.setdefault("bindings", {})
     for bdf, dev in sorted(devices.items()):
         d = paths[bdf]
@@ -177,26 +179,22 @@ def layout_pci(hw: Hw) -> None:
 
 
 def _apply_sysfs_writes(hw: Hw) -> bool:
-    """Apply what was written to the plain sysfs control files (bind/unbind/drivers_probe).
+    """Apply what was written to the sysfs control files (bind/unbind/drivers_probe), in order.
 
-    The files are plain, so nothing reacts to a write by itself: the plumbing calls this after
-    commands (or periodically); each control file is emptied once applied. True if anything changed.
+    Nothing reacts to a write by itself: the boot, the shims and the supervisor's tick call
+    this; each request is applied once (sysfs_ctl). True if anything changed.
     """
     changed = False
     drivers = hw.p("sys/bus/pci/drivers")
     bindings = hw.state.setdefault("bindings", {})
-    requests: list[tuple[str, str, str]] = []
+    # unbinds nvidia's remove still waits on (a process held the GPU), retried first
+    requests: list[tuple[str, str, str]] = [
+        ("unbind", "nvidia", bdf) for bdf in hw.state.get("remove_waiting", [])
+    ]
     for ddir in sorted(drivers.iterdir()) if drivers.is_dir() else []:
         for ctl in ("unbind", "bind"):
-            f = ddir / ctl
-            text = f.read_text() if f.exists() else ""
-            requests += [(ctl, ddir.name, bdf) for bdf in text.split()]
-            if text:
-                f.write_text("")
-    probe = hw.p("sys/bus/pci/drivers_probe")
-    probes = probe.read_text().split() if probe.exists() else []
-    if probes:
-        probe.write_text("")
+            requests += [(ctl, ddir.name, bdf) for bdf in sysfs_ctl.drain(ddir / ctl)]
+    probes = sysfs_ctl.drain(hw.p("sys/bus/pci/drivers_probe"))
     waiting = hw.state.setdefault("remove_waiting", [])
     for ctl, driver, bdf in requests:
         if bdf not in bindings:
@@ -207,9 +205,7 @@ def _apply_sysfs_writes(hw: Hw) -> bool:
             if bdf not in waiting:
                 waiting.append(bdf)
                 hw.klog(f"NVRM: Attempting to remove device {bdf} with non-zero usage count!")
-            with (drivers / driver / "unbind").open("a") as f:
-                f.write(bdf + "\n")
-            changed = True
+                changed = True
             continue
         if ctl == "unbind" and bindings[bdf] == driver:
             if bdf in waiting:

@@ -7,6 +7,7 @@ import os
 import random
 import shutil
 
+from . import sysfs_ctl
 from .catalog import (
     DEFAULT_BLOCK,
     DEFAULT_CHAR,
@@ -128,7 +129,9 @@ class KernelViews(Machine):
                 continue
             ddir = drivers / driver
             ddir.mkdir(parents=True, exist_ok=True)
-            for ctl in ("bind", "unbind", "new_id", "remove_id"):
+            for ctl in ("bind", "unbind"):
+                sysfs_ctl.make(ddir / ctl, bool(self.state.get("live_sysfs")))
+            for ctl in ("new_id", "remove_id"):
                 if not (ddir / ctl).exists():
                     (ddir / ctl).write_text("")
             os.symlink(os.path.relpath(ddir, devdir), link)

@@ -1,0 +1,26 @@
+"""The VMs' PCI functions on vfio-pci: claimed at boot before any host driver, per BDF.
+
+Writes the mechanism the Plan holds (gpuhost/vfioplan.py): the claim script, the modprobe.d
+install lines that run it before nvidia, nouveau, nvidiafb and snd_hda_intel are inserted, and
+the initramfs hook that puts the script beside the initramfs's copy of modprobe.d. Each file
+records the initramfs rebuild as pending first; the module options deploy that follows runs
+it (one rebuild for both). When no VM has GPUs the files are removed. A function bound to
+another driver now is a reason to reboot (gpuhost/reasons.py): the boot makes the binding.
+
+Moving a board between nvidia and vfio-pci without a reboot: :func:`deploys.rebind.rebind`.
+"""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+
+from deploys.ops import managed_file
+from gpuhost.plan import Plan
+
+
+@deploy("VFIO binding")
+def configure(plan: Plan) -> None:
+    step = next(f for f in plan.follow_ups if f.name == "initramfs")
+    for item in plan.files.values():
+        if item.concern == "vfio":
+            managed_file(name=f"VFIO binding: {item.path}", item=item, follow_ups=[step])

@@ -1,0 +1,113 @@
+"""The VMs' PCI functions bound to vfio-pci at boot, per BDF, before any host driver can probe
+them: the files of that mechanism, planned from the Plan's ``vm_functions``.
+
+Why a modprobe.d ``install`` hook (domain.md "GPUs in VMs"): loading nvidia probes every board
+it matches at once, and systemd-modules-load and udev's coldplug run with no ordering between
+them, so a udev rule that sets driver_override can come too late. kmod runs a module's install
+command instead of inserting it (libkmod-module.c: module_do_install_commands, command_do:
+system(3) with MODPROBE_MODULE set, $CMDLINE_OPTS replaced by the module's options), and every
+path that loads nvidia goes through modprobe: modules-load, udev's kmod builtin, the
+initramfs, nvidia-modprobe, nvidia-persistenced, and nvidia_uvm's dependency on nvidia. The
+hook claims the functions, then inserts the driver with --ignore-install. Two kmod rules
+matter: only the first install line for a module counts, and a module with a softdep has its
+install command ignored (mod->ignorecmd), so a ``softdep nvidia ...`` elsewhere disables it.
+
+Every host driver that could bind one of a VM's functions is hooked: nvidia, nouveau and
+nvidiafb for the GPU, snd_hda_intel for its audio function, xhci_pci and i2c_nvidia_gpu for the
+USB-C functions of boards that have them. A driver built into the kernel runs no hook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from gpuhost.values import normalize_bdf
+
+CLAIM_SCRIPT = "/usr/local/lib/gpuhost/vfio-claim"
+MODPROBE_CONF = "/etc/modprobe.d/gpuhost-vfio.conf"
+INITRAMFS_HOOK = "/etc/initramfs-tools/hooks/gpuhost-vfio"
+# The initramfs carries modprobe.d; rebuild it when these change, so its copy stays the same.
+INITRAMFS_FILES = (CLAIM_SCRIPT, MODPROBE_CONF, INITRAMFS_HOOK)
+HEADER = "# Managed by gpuhost (vfio claim); edit the inventory, not this file.\n"
+
+# PCI class (prefix) of a VM's function -> the host drivers that would bind it.
+CLAIMERS: dict[str, tuple[str, ...]] = {
+    "03": ("nvidia", "nouveau", "nvidiafb"),  # display controllers
+    "0403": ("snd_hda_intel",),  # the board's HD audio function
+    "0c03": ("xhci_pci",),  # USB-C controller (Turing boards)
+    "0c80": ("i2c_nvidia_gpu",),  # USB-C UCSI (serial bus)
+}
+_ROOT = Path(__file__).parents[1]
+
+
+@dataclass(frozen=True)
+class VfioBinding:
+    """What binds at boot to vfio-pci: the functions (validated BDFs) and the hooked drivers."""
+
+    bdfs: tuple[str, ...]
+    modules: tuple[str, ...]
+
+
+def plan_vfio(
+    vm_functions: dict[int, tuple[str, ...]], classes: dict[str, str]
+) -> VfioBinding | None:
+    """The binding for every function given to a VM; None when no VM has one.
+
+    + vm_functions: the Plan's vmid -> BDFs (each GPU's board and the rest of its IOMMU group)
+    + classes: BDF -> PCI class (hex, '030000') from the PCI facts
+    """
+    bdfs = sorted({normalize_bdf(b) for functions in vm_functions.values() for b in functions})
+    if not bdfs:
+        return None
+    modules: list[str] = []
+    for bdf in bdfs:
+        cls = classes.get(bdf, "")
+        for prefix, drivers in CLAIMERS.items():
+            if cls.startswith(prefix):
+                modules += [m for m in drivers if m not in modules]
+    # the GPU drivers always: whatever else a function is, nvidia must never probe first
+    modules = [*CLAIMERS["03"], *(m for m in modules if m not in CLAIMERS["03"])]
+    return VfioBinding(tuple(bdfs), tuple(modules))
+
+
+def claim_script(binding: VfioBinding) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_ROOT / "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # a shell script; its values are BDFs that passed normalize_bdf
+    )
+    return env.get_template("vfio-claim.j2").render(
+        bdfs=binding.bdfs, modules=binding.modules, modprobe_conf=MODPROBE_CONF
+    )
+
+
+def modprobe_conf(binding: VfioBinding) -> str:
+    lines = "".join(
+        f"install {m} {CLAIM_SCRIPT} && /sbin/modprobe --ignore-install {m} $CMDLINE_OPTS\n"
+        for m in binding.modules
+    )
+    return (
+        HEADER + "# Claims the VMs' PCI functions for vfio-pci before any of these drivers is "
+        "inserted\n# (kmod runs the first install line of a module; a softdep on it disables "
+        "the line).\n" + lines
+    )
+
+
+def vfio_files(binding: VfioBinding | None) -> list[tuple[str, str | None, str]]:
+    """(path, content or None for absent, mode) of every file of the mechanism."""
+    if binding is None:
+        return [
+            (CLAIM_SCRIPT, None, "755"),
+            (MODPROBE_CONF, None, "644"),
+            (INITRAMFS_HOOK, None, "755"),
+        ]
+    hook = (_ROOT / "files" / "gpuhost-vfio-initramfs-hook").read_text()
+    return [
+        (CLAIM_SCRIPT, claim_script(binding), "755"),
+        (MODPROBE_CONF, modprobe_conf(binding), "644"),
+        (INITRAMFS_HOOK, hook, "755"),
+    ]
