@@ -34,7 +34,7 @@ from facts.rebind import BoardBinding, BoardState
 from gpuhost.values import normalize_bdf
 
 DRIVERS = ("vfio-pci", "nvidia")
-PERSISTENCED = "nvidia-persistenced"
+PERSISTENCED = "nvidia-persiste"  # its comm: the kernel keeps 15 characters (TASK_COMM_LEN)
 
 
 def refusal(state: BoardState, functions: tuple[str, ...], driver: str) -> str | None:
@@ -90,6 +90,20 @@ def rebind_script(state: BoardState, functions: tuple[str, ...], driver: str, wa
         f'  if [ -n "$drv" ] && [ "$drv" != "{driver}" ]; then echo "$f" > "$d/driver/unbind" || exit 1; fi',
         "done",
     ]
+    lines += [
+        # an unbind completes before the write returns; wait for sysfs all the same (bounded),
+        # so a remove that does not finish is reported instead of probed over
+        f"i=0; while [ $i -lt {wait * 10} ]; do",
+        "  left=",
+        "  for f in $FUNCTIONS; do",
+        '    drv=$(readlink "/sys/bus/pci/devices/$f/driver"); drv=${drv##*/}',
+        f'    if [ -n "$drv" ] && [ "$drv" != "{driver}" ]; then left="$left $f($drv)"; fi',
+        "  done",
+        '  [ -z "$left" ] && break',
+        "  sleep 0.1; i=$((i + 1))",
+        "done",
+        f'[ -z "$left" ] || {{ echo "still bound after {wait} s:$left" >&2; exit 1; }}',
+    ]
     if driver == "vfio-pci":
         lines.append("modprobe vfio-pci || exit 1")
     lines += [
@@ -105,6 +119,8 @@ def rebind_script(state: BoardState, functions: tuple[str, ...], driver: str, wa
         f'    if [ "{driver}" = vfio-pci ] && [ "$drv" != vfio-pci ]; then ok=0; fi',
         "  done",
         f'  drv=$(readlink /sys/bus/pci/devices/{q[0]}/driver); [ "${{drv##*/}}" = "{driver}" ] || ok=0',
+        # nvidia's probe makes the GPU's /proc/driver/nvidia entry, which names its minor
+        f"  [ {driver} != nvidia ] || [ -e /proc/driver/nvidia/gpus/{q[0]}/information ] || ok=0",
         '  [ "$ok" = 1 ] && break',
         "  sleep 0.1; i=$((i + 1))",
         "done",

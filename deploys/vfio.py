@@ -4,18 +4,23 @@ Writes the mechanism the Plan holds (gpuhost/vfioplan.py): the claim script, the
 install lines that run it before nvidia, nouveau, nvidiafb and snd_hda_intel are inserted, and
 the initramfs hook that puts the script beside the initramfs's copy of modprobe.d. Each file
 records the initramfs rebuild as pending first; the module options deploy that follows runs
-it (one rebuild for both). When no VM has GPUs the files are removed. A function bound to
-another driver now is a reason to reboot (gpuhost/reasons.py): the boot makes the binding.
+it (one rebuild for both). When no VM has GPUs the files are removed. A board bound to the
+wrong driver now is moved live (:func:`deploys.rebind.rebind`) where the IOMMU is on; the
+move is refused, naming the process and guest, while something holds the board.
 
 Moving a board between nvidia and vfio-pci without a reboot: :func:`deploys.rebind.rebind`.
 """
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 
+from deploys.context import observed
 from deploys.ops import managed_file
+from deploys.rebind import rebind
 from gpuhost.plan import Plan
+from gpuhost.vfioplan import board_functions, misbound
 
 
 @deploy("VFIO binding")
@@ -24,3 +29,11 @@ def configure(plan: Plan) -> None:
     for item in plan.files.values():
         if item.concern == "vfio":
             managed_file(name=f"VFIO binding: {item.path}", item=item, follow_ups=[step])
+    # A board on the wrong side now moves live (refused, naming the holder, while in use).
+    facts = observed(host)
+    for gpu, driver in misbound(plan.gpus, facts):
+        rebind(
+            name=f"Move GPU {gpu} and its functions to {driver}",
+            functions=board_functions(plan.gpus, facts, gpu),
+            driver=driver,
+        )

@@ -114,7 +114,7 @@ if [ -n "$want" ]; then
   stat -L -c '%t:%T %n' /proc/[0-9]*/fd/* 2>/dev/null | while read -r dev path; do
     case " $want " in *" $dev "*) pid=${{path#/proc/}}; echo "$dev ${{pid%%/*}}" ;; esac
   done | sort -u | while read -r dev pid; do
-    comm=$(tr -c 'A-Za-z0-9._-\n' _ < "/proc/$pid/comm" 2>/dev/null) || continue
+    comm=$(tr -c 'A-Za-z0-9._\n-' _ < "/proc/$pid/comm" 2>/dev/null) || continue
     echo "H $dev $pid $comm $(tr '\n' ' ' < "/proc/$pid/cgroup" 2>/dev/null)"
   done
 fi

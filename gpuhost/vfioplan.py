@@ -21,10 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 
+from gpuhost.hostfacts import HostFacts
 from gpuhost.values import normalize_bdf
+
+if TYPE_CHECKING:
+    from gpuhost.plan import GpuAssignment
 
 CLAIM_SCRIPT = "/usr/local/lib/gpuhost/vfio-claim"
 MODPROBE_CONF = "/etc/modprobe.d/gpuhost-vfio.conf"
@@ -111,3 +116,31 @@ def vfio_files(binding: VfioBinding | None) -> list[tuple[str, str | None, str]]
         (MODPROBE_CONF, modprobe_conf(binding), "644"),
         (INITRAMFS_HOOK, hook, "755"),
     ]
+
+
+def board_functions(gpus: list[GpuAssignment], facts: HostFacts, bdf: str) -> tuple[str, ...]:
+    """The functions that move with GPU ``bdf``: the GPU, its board's other functions and the
+    non-bridge members of its IOMMU group (the GPU first)."""
+    gpu = normalize_bdf(bdf)
+    a = next((g for g in gpus if g.bdf == gpu), None)
+    if a is None:
+        raise ValueError(f"{gpu} is not a GPU of this host ({', '.join(g.bdf for g in gpus)})")
+    group = facts.iommu_groups.get(a.iommu_group, []) if a.iommu_group is not None else []
+    members = sorted(b for b in group if b in facts.pci and not facts.pci[b].is_bridge)
+    return tuple(dict.fromkeys([a.bdf, *a.functions, *members]))
+
+
+def misbound(gpus: list[GpuAssignment], facts: HostFacts) -> list[tuple[str, str]]:
+    """(GPU, driver) for each board that sits on the wrong side of vfio-pci now and can move
+    live: the IOMMU is on (vfio-pci needs a group) and the GPU is bound to a driver."""
+    moves = []
+    for a in gpus:
+        if a.iommu_group is None or a.driver_now is None:
+            continue
+        functions = board_functions(gpus, facts, a.bdf)
+        now = {facts.pci[f].driver for f in functions if f in facts.pci}
+        if a.driver_planned == "vfio-pci" and now != {"vfio-pci"}:
+            moves.append((a.bdf, "vfio-pci"))
+        elif a.driver_planned == "nvidia" and a.driver_now == "vfio-pci":
+            moves.append((a.bdf, "nvidia"))
+    return moves

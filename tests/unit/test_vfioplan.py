@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from gpuhost.vfioplan import (
     INITRAMFS_HOOK,
     MODPROBE_CONF,
     VfioBinding,
+    board_functions,
     claim_script,
+    misbound,
     plan_vfio,
 )
 from tests.unit.hosts import kpro6
@@ -65,13 +68,22 @@ def test_without_vm_gpus_the_files_are_planned_absent() -> None:
         assert plan.files[path].content is None and not plan.files[path].present
 
 
-def test_a_vm_gpu_on_nvidia_is_a_reason_to_reboot_now() -> None:
-    plan = make_plan("kpro6", vm_spec(), kpro6())
-    vfio = [str(r) for r in plan.reboot_now if r.concern == "vfio"]
-    assert "GPU 0000:c1:00.0 binds vfio-pci (now nvidia)" in vfio
-    assert (
-        "PCI function 0000:e1:00.1 of GPU 0000:e1:00.0 binds vfio-pci (now snd_hda_intel)" in vfio
+def test_the_vms_boards_on_nvidia_move_live_with_all_their_functions() -> None:
+    facts = kpro6()
+    plan = make_plan("kpro6", vm_spec(), facts)
+    assert misbound(plan.gpus, facts) == [
+        ("0000:c1:00.0", "vfio-pci"),
+        ("0000:e1:00.0", "vfio-pci"),
+    ]
+    assert board_functions(plan.gpus, facts, "C1:00.0") == ("0000:c1:00.0", "0000:c1:00.1")
+    with pytest.raises(ValueError, match="is not a GPU of this host"):
+        board_functions(plan.gpus, facts, "0000:42:00.0")
+    # a GPU planned back on the host but held by vfio-pci now moves back to nvidia
+    back = make_plan(
+        "kpro6", spec({"kind": "lxc", "ctid": 200, "name": "ct", "gpus": "rest"}), facts
     )
+    vfio_now = replace(back.gpus[6], driver_now="vfio-pci")
+    assert misbound([*back.gpus[:6], vfio_now, back.gpus[7]], facts) == [("0000:c1:00.0", "nvidia")]
 
 
 def test_only_addresses_the_strict_grammar_accepts_reach_the_script() -> None:

@@ -216,9 +216,18 @@ def _apply_sysfs_writes(hw: Hw) -> bool:
             if (override in (None, driver) and hw.loaded(norm(driver))) or driver == BRIDGE_DRIVER:
                 bindings[bdf], changed = driver, True
     for bdf in probes:
+        if bdf not in bindings or bindings[bdf] is not None:
+            continue
         override = hw.driver_override(bdf)
-        if bdf in bindings and bindings[bdf] is None and override and hw.loaded(norm(override)):
-            bindings[bdf], changed = override, True
+        dev = hw.devices()[bdf]
+        if override:  # driver_override decides, and only that driver may take it
+            if hw.loaded(norm(override)) and (override != "vfio-pci" or hw._group_of(bdf)):
+                bindings[bdf], changed = override, True
+        elif dev["vendor"] == "10de" and dev["class"].startswith("03"):
+            if hw.loaded("nvidia") and hw._nvidia_probe(bdf, dev):
+                bindings[bdf], changed = "nvidia", True
+        elif dev.get("driver"):  # the device's own driver (snd_hda_intel...) is there already
+            bindings[bdf], changed = dev["driver"], True
     if changed:
         hw.write_views()
         hw.save()
