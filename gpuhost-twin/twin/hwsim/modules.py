@@ -203,11 +203,14 @@ class KernelModules(Machine):
 
     def _chroot_runner(self, command: str, env: dict[str, str]) -> tuple[int, str]:
         argv = ["/bin/sh", "-c", command]
+        extra = {}
         if str(self.root) != "/" and self.p("bin/sh").exists():
             argv = ["chroot", str(self.root), *argv]
+        elif str(self.root) != "/":  # a bare test root: the shims find it through TWIN_ROOT
+            extra["TWIN_ROOT"] = str(self.root)
         proc = subprocess.run(
             argv,
-            env={"PATH": BOOT_PATH, "LC_ALL": "C", **env},
+            env={"PATH": BOOT_PATH, "LC_ALL": "C", **extra, **env},
             capture_output=True,
             text=True,
             check=False,
