@@ -132,15 +132,19 @@ def board_functions(gpus: list[GpuAssignment], facts: HostFacts, bdf: str) -> tu
 
 def misbound(gpus: list[GpuAssignment], facts: HostFacts) -> list[tuple[str, str]]:
     """(GPU, driver) for each board that sits on the wrong side of vfio-pci now and can move
-    live: the IOMMU is on (vfio-pci needs a group) and the GPU is bound to a driver."""
+    live: the IOMMU is on (vfio-pci needs a group) and the GPU is bound to a driver, or was
+    left unbound with an override by a move that was killed halfway."""
     moves = []
     for a in gpus:
-        if a.iommu_group is None or a.driver_now is None:
+        if a.iommu_group is None or a.bdf not in facts.pci:
             continue
+        gpu = facts.pci[a.bdf]
+        if a.driver_now is None and gpu.driver_override is None:
+            continue  # no driver to move it from: the boot claims or binds it
         functions = board_functions(gpus, facts, a.bdf)
         now = {facts.pci[f].driver for f in functions if f in facts.pci}
         if a.driver_planned == "vfio-pci" and now != {"vfio-pci"}:
             moves.append((a.bdf, "vfio-pci"))
-        elif a.driver_planned == "nvidia" and a.driver_now == "vfio-pci":
+        elif a.driver_planned == "nvidia" and a.driver_now != "nvidia" and facts.driver:
             moves.append((a.bdf, "nvidia"))
     return moves

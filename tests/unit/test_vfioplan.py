@@ -118,3 +118,15 @@ def test_the_script_claims_unbound_functions_and_probes_them(tmp_path: Path) -> 
     stub.write_text("#!/bin/sh\nexit 1\n")  # vfio-pci cannot load: the insert must not go on
     run = subprocess.run(["/bin/sh", "-c", text], capture_output=True, text=True, check=False)
     assert run.returncode == 1
+
+
+def test_a_move_killed_halfway_is_finished_by_the_next_run() -> None:
+    facts = kpro6()
+    for bdf in ("0000:c1:00.0", "0000:c1:00.1"):  # override written, unbound, never probed
+        facts.pci[bdf] = replace(facts.pci[bdf], driver=None, driver_override="vfio-pci")
+    plan = make_plan("kpro6", vm_spec(), facts)
+    assert ("0000:c1:00.0", "vfio-pci") in misbound(plan.gpus, facts)
+    for bdf in ("0000:c1:00.0", "0000:c1:00.1"):  # unbound without an override: the boot's
+        facts.pci[bdf] = replace(facts.pci[bdf], driver_override=None)
+    plan = make_plan("kpro6", vm_spec(), facts)
+    assert ("0000:c1:00.0", "vfio-pci") not in misbound(plan.gpus, facts)
