@@ -1,10 +1,10 @@
 """The VMs' PCI functions on vfio-pci: claimed at boot before any host driver, per BDF.
 
-Writes the mechanism the Plan holds (gpuhost/vfioplan.py): the claim script, the modprobe.d
-install lines that run it before nvidia, nouveau, nvidiafb and snd_hda_intel are inserted, and
-the initramfs hook that puts the script beside the initramfs's copy of modprobe.d. Each file
-records the initramfs rebuild as pending first; the module options deploy that follows runs
-it (one rebuild for both). When no VM has GPUs the files are removed. A board bound to the
+Writes the mechanism the Plan holds (gpuhost/vfioplan.py): /etc/modprobe.d/gpuhost-vfio.conf,
+whose install lines claim the VMs' functions for vfio-pci before nvidia, nouveau, nvidiafb or
+snd_hda_intel is inserted. The initramfs carries modprobe.d, so the file records the initramfs
+rebuild as pending first; the module options deploy that follows runs it (one rebuild for
+both). When no VM has GPUs the files are removed. A board bound to the
 wrong driver now is moved live (:func:`deploys.rebind.rebind`) where the IOMMU is on; the
 move is refused, naming the process and guest, while something holds the board.
 

@@ -19,7 +19,6 @@ MANAGED_PATHS = (
     "/etc/default/grub",
     "/etc/default/grub.d/*.cfg",
     "/etc/gpuhost/*",
-    "/etc/initramfs-tools/hooks/gpuhost-*",
     "/etc/modprobe.d/gpuhost-*.conf",
     "/etc/modules-load.d/gpuhost-*.conf",
     "/etc/systemd/system/gpuhost-*",

@@ -8,9 +8,11 @@ command instead of inserting it (libkmod-module.c: module_do_install_commands, c
 system(3) with MODPROBE_MODULE set, $CMDLINE_OPTS replaced by the module's options), and every
 path that loads nvidia goes through modprobe: modules-load, udev's kmod builtin, the
 initramfs, nvidia-modprobe, nvidia-persistenced, and nvidia_uvm's dependency on nvidia. The
-hook claims the functions, then inserts the driver with --ignore-install. Two kmod rules
-matter: only the first install line for a module counts, and a module with a softdep has its
-install command ignored (mod->ignorecmd), so a ``softdep nvidia ...`` elsewhere disables it.
+command claims the functions, then inserts the driver with --ignore-install. It is written
+inline in the modprobe.d file (no script beside it), so the initramfs, which copies
+/etc/modprobe.d, carries the whole claim with no hook of its own. Two kmod rules matter: only
+the first install line for a module counts, and a module with a softdep has its install
+command ignored (mod->ignorecmd), so a ``softdep nvidia ...`` elsewhere disables it.
 
 Every host driver that could bind one of a VM's functions is hooked: nvidia, nouveau and
 nvidiafb for the GPU, snd_hda_intel for its audio function, xhci_pci and i2c_nvidia_gpu for the
@@ -31,12 +33,9 @@ from gpuhost.values import normalize_bdf
 if TYPE_CHECKING:
     from gpuhost.plan import GpuAssignment
 
-CLAIM_SCRIPT = "/usr/local/lib/gpuhost/vfio-claim"
 MODPROBE_CONF = "/etc/modprobe.d/gpuhost-vfio.conf"
-INITRAMFS_HOOK = "/etc/initramfs-tools/hooks/gpuhost-vfio"
-# The initramfs carries modprobe.d; rebuild it when these change, so its copy stays the same.
-INITRAMFS_FILES = (CLAIM_SCRIPT, MODPROBE_CONF, INITRAMFS_HOOK)
-HEADER = "# Managed by gpuhost (vfio claim); edit the inventory, not this file.\n"
+# The initramfs carries modprobe.d: rebuild it when the file changes, so its copy is the same.
+INITRAMFS_FILES = (MODPROBE_CONF,)
 
 # PCI class (prefix) of a VM's function -> the host drivers that would bind it.
 CLAIMERS: dict[str, tuple[str, ...]] = {
@@ -78,44 +77,35 @@ def plan_vfio(
     return VfioBinding(tuple(bdfs), tuple(modules))
 
 
-def claim_script(binding: VfioBinding) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(_ROOT / "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,  # a shell script; its values are BDFs that passed normalize_bdf
-    )
-    return env.get_template("vfio-claim.j2").render(
-        bdfs=binding.bdfs, modules=binding.modules, modprobe_conf=MODPROBE_CONF
+def claim_command(binding: VfioBinding) -> str:
+    """The claim as one shell command (an install line's first half): overrides, then vfio-pci
+    bound to every planned function that is on the bus. Its values are BDFs that passed
+    normalize_bdf, so nothing in it needs quoting."""
+    functions = " ".join(binding.bdfs)
+    return (
+        f"{{ for f in {functions}; do d=/sys/bus/pci/devices/$f; "
+        '[ ! -e "$d" ] || echo vfio-pci > "$d/driver_override" || exit 1; done; '
+        "/sbin/modprobe vfio-pci || exit 1; "
+        f"for f in {functions}; do d=/sys/bus/pci/devices/$f; "
+        '[ ! -e "$d" ] || [ -e "$d/driver" ] || echo "$f" > /sys/bus/pci/drivers_probe; done; }'
     )
 
 
 def modprobe_conf(binding: VfioBinding) -> str:
-    lines = "".join(
-        f"install {m} {CLAIM_SCRIPT} && /sbin/modprobe --ignore-install {m} $CMDLINE_OPTS\n"
-        for m in binding.modules
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_ROOT / "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # a modprobe.d file; its values are BDFs and module names of ours
     )
-    return (
-        HEADER + "# Claims the VMs' PCI functions for vfio-pci before any of these drivers is "
-        "inserted\n# (kmod runs the first install line of a module; a softdep on it disables "
-        "the line).\n" + lines
+    return env.get_template("gpuhost-vfio.conf.j2").render(
+        bdfs=binding.bdfs, modules=binding.modules, claim=claim_command(binding)
     )
 
 
 def vfio_files(binding: VfioBinding | None) -> list[tuple[str, str | None, str]]:
     """(path, content or None for absent, mode) of every file of the mechanism."""
-    if binding is None:
-        return [
-            (CLAIM_SCRIPT, None, "755"),
-            (MODPROBE_CONF, None, "644"),
-            (INITRAMFS_HOOK, None, "755"),
-        ]
-    hook = (_ROOT / "files" / "gpuhost-vfio-initramfs-hook").read_text()
-    return [
-        (CLAIM_SCRIPT, claim_script(binding), "755"),
-        (MODPROBE_CONF, modprobe_conf(binding), "644"),
-        (INITRAMFS_HOOK, hook, "755"),
-    ]
+    return [(MODPROBE_CONF, modprobe_conf(binding) if binding else None, "644")]
 
 
 def board_functions(gpus: list[GpuAssignment], facts: HostFacts, bdf: str) -> tuple[str, ...]:

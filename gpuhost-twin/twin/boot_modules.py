@@ -7,8 +7,8 @@ run after nvidia was loaded, by modules-load or by another board's modalias auto
 nvidia probes every matching board at once. The twin always plays the losing order, so that a
 binding that relies on udev rules alone visibly loses:
 
-1. initramfs (its record: the module configuration, udev rules and hook-copied files as of the
-   last update-initramfs; ESP hosts boot the copy synced at the last refresh, bootcfg
+1. initramfs (its record: the module configuration and udev rules as of the last
+   update-initramfs; ESP hosts boot the copy synced at the last refresh, bootcfg
    "initrd"): udev coldplug first autoloads what the initramfs carries (the modules of
    /etc/initramfs-tools/modules: the only .ko files the twin puts there), then applies the
    initramfs's udev rules (Debian's udev hook copies a fixed list of rules files plus every
@@ -85,7 +85,10 @@ def _initramfs_runner(hw: hwsim.Hw, files: dict[str, str]):
 
     def run(command: str, env: dict[str, str]) -> tuple[int, str]:
         for word in shlex.split(command.replace("&&", " ").replace(";", " ")):
-            if word.startswith("/") and word not in files and word not in INITRAMFS_BINARIES:
+            # a program or script the command names by path must be in the initramfs
+            if word.startswith(("/sys/", "/proc/", "/dev/", "/run/")) or not word.startswith("/"):
+                continue
+            if word not in files and word not in INITRAMFS_BINARIES:
                 return 127, f"sh: 1: {word}: not found"
         return hw._chroot_runner(command, env)
 

@@ -1,8 +1,8 @@
 """The VMs' GPUs on vfio-pci by BDF, claimed at boot by gpuhost's modprobe install hook.
 
 On a kpro6 twin with the driver installed (which models the race: a udev rule alone loses),
-the deploy writes the claim script, the modprobe.d install lines and the initramfs hook,
-rebuilds the initramfs and reboots once: VM 129's boards (0000:c1:00.0, 0000:e1:00.0 and their
+the deploy writes the modprobe.d install lines that claim the boards, rebuilds the initramfs
+(which carries them) and reboots once: VM 129's boards (0000:c1:00.0, 0000:e1:00.0 and their
 audio functions) come up on vfio-pci, every other GPU on nvidia, and the audit's binding check
 passes; a second run changes nothing. The hook also wins when nvidia is loaded by udev's
 modalias autoload alone (no modules-load.d entry) and when it is loaded in the initramfs.
@@ -64,12 +64,13 @@ def test_the_deploy_binds_the_vms_boards_to_vfio_pci(deployed) -> None:
     assert_split(twin)
     _, out, _ = twin.run("cat /sys/bus/pci/devices/0000:c1:00.1/driver_override")
     assert out == "vfio-pci\n"
-    # the hook is in the initramfs too, beside the modprobe.d lines that run it
+    # the initramfs (rebuilt, synced to the ESP) carries the claim too
     _, out, _ = twin.run("cat /var/lib/gpuhost-twin/bootcfg.json")
     _, kver, _ = twin.run("uname -r")
     record = json.loads(out)["initrd"][kver.strip()]
-    assert "/usr/local/lib/gpuhost/vfio-claim" in record["files"]
-    assert "install nvidia" in record["files"]["/etc/modprobe.d/gpuhost-vfio.conf"]
+    _, conf, _ = twin.run("cat /etc/modprobe.d/gpuhost-vfio.conf")
+    assert record["files"]["/etc/modprobe.d/gpuhost-vfio.conf"] == conf
+    assert "install nvidia { for f in 0000:c1:00.0 0000:c1:00.1 0000:e1:00.0 0000:e1:00.1;" in conf
     failed = audit(twin, inv)
     assert "gpus.binding" not in failed, json.dumps(failed, indent=1)
     assert "modules.loaded" not in failed, json.dumps(failed, indent=1)
@@ -93,7 +94,7 @@ def test_the_hook_wins_when_udev_autoload_loads_nvidia(deployed) -> None:
 def test_the_hook_wins_when_the_initramfs_loads_nvidia(deployed) -> None:
     twin, _ = deployed
     rc, _, err = twin.run(
-        "touch /etc/initramfs-tools/modules && cp /etc/initramfs-tools/modules /root/modules.saved && "
+        "mkdir -p /etc/initramfs-tools && touch /etc/initramfs-tools/modules && cp /etc/initramfs-tools/modules /root/modules.saved && "
         "echo nvidia >> /etc/initramfs-tools/modules && update-initramfs -u -k all"
     )
     assert rc == 0, err

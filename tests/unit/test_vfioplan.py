@@ -11,15 +11,14 @@ import pytest
 from gpuhost.plan import make_plan
 from gpuhost.spec import HostSpec
 from gpuhost.vfioplan import (
-    CLAIM_SCRIPT,
-    INITRAMFS_HOOK,
     MODPROBE_CONF,
     VfioBinding,
     board_functions,
-    claim_script,
+    claim_command,
     misbound,
     plan_vfio,
 )
+from gpuhost.vfioplan import modprobe_conf as modprobe_conf_text
 from tests.unit.hosts import kpro6
 
 KPRO6 = {"kernel": {"version": "6.14.8-2-bpo12-pve"}, "driver": {"version": "595.71.05"}}
@@ -46,26 +45,24 @@ def test_the_vms_boards_and_their_audio_functions_are_claimed() -> None:
     conf = plan.files[MODPROBE_CONF].content
     assert conf is not None
     installs = [line for line in conf.splitlines() if line.startswith("install ")]
+    claim = claim_command(plan.vfio)
     assert installs[0] == (
-        f"install nvidia {CLAIM_SCRIPT} && /sbin/modprobe --ignore-install nvidia $CMDLINE_OPTS"
+        f"install nvidia {claim} && /sbin/modprobe --ignore-install nvidia $CMDLINE_OPTS"
     )
     assert [line.split()[1] for line in installs] == list(plan.vfio.modules)
-    script = plan.files[CLAIM_SCRIPT]
-    assert script.mode == "755" and script.content is not None
-    assert f'FUNCTIONS="{" ".join(FUNCTIONS)}"' in script.content
-    assert "0000:41:00.0" not in script.content  # the container's GPUs stay with nvidia
-    assert plan.files[INITRAMFS_HOOK].content is not None
+    assert f"for f in {' '.join(FUNCTIONS)}; do" in claim
+    assert "0000:41:00.0" not in conf  # the container's GPUs stay with nvidia
+    assert "#" not in claim  # modprobe.d would cut the line there
     initramfs = next(f for f in plan.follow_ups if f.name == "initramfs")
-    assert {CLAIM_SCRIPT, MODPROBE_CONF, INITRAMFS_HOOK} <= set(initramfs.triggers)
+    assert MODPROBE_CONF in initramfs.triggers  # the initramfs carries modprobe.d
 
 
-def test_without_vm_gpus_the_files_are_planned_absent() -> None:
+def test_without_vm_gpus_the_file_is_planned_absent() -> None:
     plan = make_plan(
         "kpro6", spec({"kind": "lxc", "ctid": 200, "name": "ct", "gpus": "rest"}), kpro6()
     )
     assert plan.vfio is None
-    for path in (CLAIM_SCRIPT, MODPROBE_CONF, INITRAMFS_HOOK):
-        assert plan.files[path].content is None and not plan.files[path].present
+    assert plan.files[MODPROBE_CONF].content is None and not plan.files[MODPROBE_CONF].present
 
 
 def test_the_vms_boards_on_nvidia_move_live_with_all_their_functions() -> None:
@@ -94,8 +91,9 @@ def test_only_addresses_the_strict_grammar_accepts_reach_the_script() -> None:
     assert binding == VfioBinding(("0000:c1:00.0",), ("nvidia", "nouveau", "nvidiafb"))
 
 
-def test_the_script_claims_unbound_functions_and_probes_them(tmp_path: Path) -> None:
-    """The rendered script, run by /bin/sh with /sys and /sbin/modprobe relocated into tmp_path."""
+def test_the_claim_binds_unbound_functions_and_probes_them(tmp_path: Path) -> None:
+    """The rendered install command, run by /bin/sh as kmod's command_do would, with /sys and
+    /sbin/modprobe relocated into tmp_path."""
     binding = VfioBinding(("0000:c1:00.0", "0000:c1:00.1", "0000:e1:00.0"), ("nvidia",))
     sysfs = tmp_path / "sys/bus/pci"
     for bdf in ("0000:c1:00.0", "0000:c1:00.1"):
@@ -107,17 +105,22 @@ def test_the_script_claims_unbound_functions_and_probes_them(tmp_path: Path) -> 
     stub = tmp_path / "modprobe"
     stub.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
     stub.chmod(0o755)
-    text = claim_script(binding).replace("/sys/", f"{tmp_path}/sys/")
-    text = text.replace("/sbin/modprobe", str(stub))
-    run = subprocess.run(["/bin/sh", "-c", text], capture_output=True, text=True, check=False)
+    line = next(
+        line for line in modprobe_conf_text(binding).splitlines() if line.startswith("install ")
+    )
+    command = line.split(" ", 2)[2].replace("$CMDLINE_OPTS", "NVreg_X=1")
+    command = command.replace("/sys/", f"{tmp_path}/sys/").replace("/sbin/modprobe", str(stub))
+    run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     for bdf in ("0000:c1:00.0", "0000:c1:00.1"):
         assert (sysfs / "devices" / bdf / "driver_override").read_text() == "vfio-pci\n"
-    assert log.read_text() == "vfio-pci\n"
+    assert log.read_text() == "vfio-pci\n--ignore-install nvidia NVreg_X=1\n"
     assert (sysfs / "drivers_probe").read_text() == "0000:c1:00.0\n"  # e1:00.0 is not on the bus
-    stub.write_text("#!/bin/sh\nexit 1\n")  # vfio-pci cannot load: the insert must not go on
-    run = subprocess.run(["/bin/sh", "-c", text], capture_output=True, text=True, check=False)
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {log}; exit 1\n')  # vfio-pci cannot load
+    log.unlink()
+    run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False)
     assert run.returncode == 1
+    assert log.read_text() == "vfio-pci\n"  # and nvidia is not inserted
 
 
 def test_a_move_killed_halfway_is_finished_by_the_next_run() -> None:

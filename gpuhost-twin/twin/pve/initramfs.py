@@ -4,17 +4,14 @@ generation time; each generation runs proxmox-boot-sync (stdlib only).
 What the record holds, as mkinitramfs would put it in the image: /etc/modprobe.d,
 modules-load.d, /etc/modules and /etc/initramfs-tools (the kmod hook copies modprobe.d); the
 udev rules Debian's udev hook copies (a fixed list, plus /etc/udev/rules.d/*.rules without a
-/usr/lib twin); and what the executable hooks in /etc/initramfs-tools/hooks copy, run for real
-with DESTDIR set and a stand-in hook-functions (copy_exec, copy_file) the twin provides at
-/usr/share/initramfs-tools/hook-functions where initramfs-tools itself is not installed."""
+/usr/lib twin). Files that other hooks would copy (scripts, binaries) are not recorded: an
+install command that names one fails in the initramfs stage (boot_modules.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,24 +38,6 @@ UDEV_RULES = (
     "80-net-setup-link.rules",
     "80-drivers.rules",
 )
-HOOK_FUNCTIONS = "usr/share/initramfs-tools/hook-functions"
-# A stand-in for initramfs-tools' hook-functions: the two helpers hooks use to copy files.
-STANDIN_HOOK_FUNCTIONS = """# gpuhost-twin stand-in for initramfs-tools' hook-functions
-copy_file() {
-	# copy_file TYPE SRC [DST]
-	src="$2"; dst="${3:-$2}"
-	case "$dst" in */) dst="$dst$(basename "$src")" ;; esac
-	[ -d "$DESTDIR$dst" ] && dst="$dst/$(basename "$src")"
-	mkdir -p "$DESTDIR$(dirname "$dst")" && cp -pL "$src" "$DESTDIR$dst"
-}
-copy_exec() {
-	# copy_exec SRC [DST_DIR]
-	src="$1"
-	if [ -n "${2:-}" ]; then dst="$2/$(basename "$src")"; else dst="$src"; fi
-	copy_file binary "$src" "$dst"
-}
-manual_add_modules() { :; }
-"""
 
 
 def _udev_rules(root: Path) -> dict[str, str]:
@@ -77,34 +56,6 @@ def _udev_rules(root: Path) -> dict[str, str]:
     return files
 
 
-def _hook_files(root: Path) -> dict[str, str]:
-    """Run the executable hooks of /etc/initramfs-tools/hooks into a scratch DESTDIR."""
-    hooks = root / "etc/initramfs-tools/hooks"
-    scripts = sorted(h for h in hooks.iterdir() if os.access(h, os.X_OK)) if hooks.is_dir() else []
-    if not scripts:
-        return {}
-    if not (root / HOOK_FUNCTIONS).exists():
-        (root / HOOK_FUNCTIONS).parent.mkdir(parents=True, exist_ok=True)
-        (root / HOOK_FUNCTIONS).write_text(STANDIN_HOOK_FUNCTIONS)
-    files: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(dir=root / "tmp") as scratch:
-        dest = "/" + str(Path(scratch).relative_to(root))
-        for hook in scripts:
-            argv = ["/" + str(hook.relative_to(root))]
-            if str(root) != "/":
-                argv = ["chroot", str(root), *argv]
-            subprocess.run(
-                argv,
-                env={"DESTDIR": dest, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "verbose": "n"},
-                capture_output=True,
-                check=False,
-            )
-        for path in sorted(Path(scratch).rglob("*")):
-            if path.is_file():
-                files["/" + str(path.relative_to(scratch))] = path.read_text(errors="replace")
-    return files
-
-
 def initramfs_record(root: Path, version: str) -> dict[str, object]:
     """What the twin's initrd 'contains': the module configuration at generation time."""
     files: dict[str, str] = {}
@@ -115,7 +66,6 @@ def initramfs_record(root: Path, version: str) -> dict[str, object]:
             if path.is_file():
                 files["/" + str(path.relative_to(root))] = path.read_text(errors="replace")
     files.update(_udev_rules(root))
-    files.update(_hook_files(root))
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
     return {
         "generator": "gpuhost-twin update-initramfs",
