@@ -74,6 +74,7 @@ def test_the_deploy_binds_the_vms_boards_to_vfio_pci(deployed) -> None:
     failed = audit(twin, inv)
     assert "gpus.binding" not in failed, json.dumps(failed, indent=1)
     assert "modules.loaded" not in failed, json.dumps(failed, indent=1)
+    assert "modules.files" not in failed, json.dumps(failed, indent=1)  # gpuhost-vfio.conf too
     second = deploy(inv)
     assert second.rc == 0, second.output[-4000:]
     assert not second.changed and second.reboots == 0, second.output[-4000:]
