@@ -26,6 +26,7 @@ from deploys import (
     split,
     trial_boot,
     userspace,
+    vfio,
     vms,
 )
 from gpuhost.inventory import GUEST_KEY
@@ -45,6 +46,7 @@ def provision() -> None:
         driver.configure(plan, new_kernel.compiler if new_kernel is not None else None)
         userspace.configure(plan)  # before any reboot: the open module needs its GSP firmware
         boot_cmdline.configure(plan)
+        vfio.configure(plan, live=not rebooting)  # before modules: one initramfs rebuild
         modules.configure(plan)
         devices.configure(plan)
         vms.configure(plan)

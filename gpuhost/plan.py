@@ -49,6 +49,8 @@ from gpuhost.userspaceplan import (
     persistenced_unit,
     plan_driver_userspace,
 )
+from gpuhost.vfioplan import INITRAMFS_FILES as VFIO_INITRAMFS_FILES
+from gpuhost.vfioplan import VfioBinding, plan_vfio, vfio_files
 from gpuhost.vmplan import VmSplit, plan_vm_gpus
 
 __all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan"]
@@ -156,6 +158,7 @@ class Plan:
     driver_userspace: DriverUserspace | None = None  # None: no driver.source.installer
     # Each container's GPU entries (devN or raw lines) and what changes (gpuhost/ctplan.py).
     containers: dict[int, ContainerDevices] = field(default_factory=dict)
+    vfio: VfioBinding | None = None  # the VMs' functions bound to vfio-pci at boot (vfioplan.py)
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -338,7 +341,11 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     refresh = "proxmox-boot-tool refresh" if tool is not None and tool.configured else "update-grub"
     follow_ups = [
         FollowUp("loader", refresh, tuple(boot.files)),
-        FollowUp("initramfs", "update-initramfs -u -k all", modconf.INITRAMFS_FILES),
+        FollowUp(
+            "initramfs",
+            "update-initramfs -u -k all",
+            (*modconf.INITRAMFS_FILES, *VFIO_INITRAMFS_FILES),
+        ),
         FollowUp(
             "systemd",
             "systemctl daemon-reload",
@@ -374,6 +381,9 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     containers = plan_containers(spec, facts, lxc_nodes, rebooting, problems, notes)
     if problems:
         raise PlanError(host, problems, source)
+    vfio = plan_vfio(vm_functions, {bdf: d.class_code for bdf, d in facts.pci.items()})
+    for path, content, mode in vfio_files(vfio):
+        files[path] = ManagedFile(path, content, "vfio", mode=mode)
     expected = [p for p in running if p not in remove]
     cut = expected.index("--") if "--" in expected else len(expected)
     expected = expected[:cut] + add + expected[cut:]
@@ -411,4 +421,5 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         driver_modules=plan_driver_modules(spec, facts),
         driver_userspace=userspace,
         containers=containers,
+        vfio=vfio,
     )

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from twin import hwsim
-from twin.boot_modules import _load_modules, _udev_overrides
+from twin.boot_modules import _load_modules
 from twin.kernel_choice import BOOTCFG, BrickedError, choose_kernel, read_default_grub
 from twin.profile import Profile
 
@@ -27,9 +27,15 @@ Hook = Callable[[Path], None]
 
 
 def simulate_boot(
-    root: Path, profile: Profile, early_hook: Hook | None = None, late_hook: Hook | None = None
+    root: Path,
+    profile: Profile,
+    early_hook: Hook | None = None,
+    late_hook: Hook | None = None,
+    live_sysfs: bool = False,
 ) -> None:
-    """Boot the twin at root. early_hook runs before any module loads (plumbing: early units)."""
+    """Boot the twin at root. early_hook runs before any module loads (plumbing: early units).
+    live_sysfs: the PCI control files become FIFOs (hwsim/sysfs_ctl.py), for a twin whose
+    supervisor applies what is written to them."""
     root = Path(root)
     write_profile(root, profile)
     for node in [*root.glob("dev/nvidia*"), root / "dev/vfio"]:  # devtmpfs starts empty
@@ -47,6 +53,7 @@ def simulate_boot(
         "previous_majors": prev.get("majors", {}),
         "previous_kernel": prev.get("kernel"),
         "dmesg": [],
+        "live_sysfs": live_sysfs,
     }
     hw.p(hwsim.DMESG).unlink(missing_ok=True)
     kernel, cmdline, attempts = choose_kernel(hw, profile)
@@ -63,7 +70,6 @@ def simulate_boot(
     hw.save()
     if early_hook:
         early_hook(root)
-    _udev_overrides(hw)
     _load_modules(hw)
     hw.state["p2p_dma_safe"] = not hw.state["sev_snp_active"]
     hw.state["boot_done"] = True

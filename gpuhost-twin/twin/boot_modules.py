@@ -1,38 +1,75 @@
 """Kernel modules at boot: initramfs, modules-load, udev coldplug and binding.
 
-Modules at boot, in order:
-1. initramfs: the modules of /etc/initramfs-tools/modules, with the modprobe.d options, as the
-   initramfs recorded them when update-initramfs last ran (the Proxmox shims write the image as
-   JSON {"files": {path: text}}; ESP hosts boot the copy synced at the last refresh, bootcfg
-   "initrd"), so a change without update-initramfs (and refresh) does not reach early boot;
+The race (domain.md "GPUs in VMs"): systemd-modules-load.service and udev's coldplug
+(systemd-udev-trigger + udevd's workers) run with no ordering between them, and udev handles
+devices' "add" events in parallel, so a udev rule that writes a device's driver_override can
+run after nvidia was loaded, by modules-load or by another board's modalias autoload; loading
+nvidia probes every matching board at once. The twin always plays the losing order, so that a
+binding that relies on udev rules alone visibly loses:
+
+1. initramfs (its record: the module configuration and udev rules as of the last
+   update-initramfs; ESP hosts boot the copy synced at the last refresh, bootcfg
+   "initrd"): udev coldplug first autoloads what the initramfs carries (the modules of
+   /etc/initramfs-tools/modules: the only .ko files the twin puts there), then applies the
+   initramfs's udev rules (Debian's udev hook copies a fixed list of rules files plus every
+   /etc/udev/rules.d/*.rules without a /usr/lib twin); then load_modules loads the listed
+   modules. So a rule that made it into the initramfs sets its override before the real root.
 2. modules-load: modules-load=... on the command line, /usr/lib|/lib|/etc/modules-load.d/*.conf,
    /etc/modules;
-3. udev coldplug per device in BDF order: driver_override from udev rules
-   (KERNEL=="<bdf>" ... ATTR{driver_override}="...") and the ``early_hook``; modalias autoload
-   (nouveau unless blacklisted — it binds none of these GPUs —, nvidia when its .ko exists);
-   built-in device drivers of the profile (pcieport, nvme, snd_hda_intel...).
-Binding follows the kernel: driver_override decides; else vfio-pci takes its ids=, nvidia takes
-NVIDIA display-class functions. /dev/nvidia-uvm* appear only through nvidia-modprobe -u.
+3. udev coldplug in the real root, per device in BDF order: modalias autoload first (nouveau
+   unless blacklisted — it binds none of these GPUs —, nvidia when its .ko exists, the device's
+   own driver: snd_hda_intel, nvme...), and only then driver_override from the udev rules
+   (KERNEL=="<bdf>" ... ATTR{driver_override}="...") and the ``early_hook``.
+
+Every load goes through modprobe's rules (hwsim/modules.py): a modprobe.d ``install`` command
+runs for real through /bin/sh chrooted into the twin (in the initramfs stage only when the
+files it names are in the initramfs), with the hardware state saved before and read back after,
+so whatever the command writes to sysfs or loads with its own modprobe counts. Binding follows
+the kernel: driver_override decides; else vfio-pci takes its ids=, nvidia takes NVIDIA
+display-class functions. /dev/nvidia-uvm* appear only through nvidia-modprobe -u.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 from twin import hwsim
 from twin.kernel_choice import BOOTCFG
 
+# Debian's udev initramfs hook (systemd debian/extra/initramfs-tools/hooks/udev) copies these
+# rules files, and /etc/udev/rules.d/*.rules that have no /usr/lib/udev/rules.d twin.
+INITRAMFS_RULES = (
+    "50-firmware.rules",
+    "50-udev-default.rules",
+    "60-block.rules",
+    "60-persistent-storage.rules",
+    "61-persistent-storage-android.rules",
+    "71-seat.rules",
+    "73-special-net-names.rules",
+    "75-net-description.rules",
+    "80-net-setup-link.rules",
+    "80-drivers.rules",
+)
+# What an initramfs always has (busybox, kmod): an install command may name them.
+INITRAMFS_BINARIES = ("/bin/sh", "/sbin/modprobe", "/usr/sbin/modprobe", "/bin/true", "/bin/false")
 
-def _udev_overrides(hw: hwsim.Hw) -> None:
-    """driver_override set by udev rules at device add: KERNEL=="<bdf>" ... ATTR{driver_override}."""
-    files: dict[str, Path] = {}
+
+def root_rules(hw: hwsim.Hw) -> dict[str, str]:
+    """The real root's udev rules: {file name: text}; /etc overrides /lib and /usr/lib."""
+    files: dict[str, str] = {}
     for d in ("lib/udev/rules.d", "usr/lib/udev/rules.d", "etc/udev/rules.d"):
         for f in sorted(hw.p(d).glob("*.rules")) if hw.p(d).is_dir() else []:
-            files[f.name] = f
-    for name in sorted(files):
-        for line in files[name].read_text().splitlines():
+            files[f.name] = f.read_text(errors="replace")
+    return files
+
+
+def _apply_udev_overrides(hw: hwsim.Hw, rules: dict[str, str]) -> None:
+    """driver_override set by udev rules at device add: KERNEL=="<bdf>" ... ATTR{driver_override}."""
+    for name in sorted(rules):
+        for line in rules[name].splitlines():
             if line.lstrip().startswith("#"):
                 continue
             bdf = re.search(r'KERNELS?=="([0-9a-f:.]+)"', line)
@@ -41,6 +78,21 @@ def _udev_overrides(hw: hwsim.Hw) -> None:
                 hw.write(
                     f"sys/bus/pci/devices/{bdf.group(1)}/driver_override", value.group(1) + "\n"
                 )
+
+
+def _initramfs_runner(hw: hwsim.Hw, files: dict[str, str]):
+    """Install commands in the initramfs: they run only if what they name is in it."""
+
+    def run(command: str, env: dict[str, str]) -> tuple[int, str]:
+        for word in shlex.split(command.replace("&&", " ").replace(";", " ")):
+            # a program or script the command names by path must be in the initramfs
+            if word.startswith(("/sys/", "/proc/", "/dev/", "/run/")) or not word.startswith("/"):
+                continue
+            if word not in files and word not in INITRAMFS_BINARIES:
+                return 127, f"sh: 1: {word}: not found"
+        return hw._chroot_runner(command, env)
+
+    return run
 
 
 def _names(path: Path) -> list[list[str]]:
@@ -57,7 +109,7 @@ def _names(path: Path) -> list[list[str]]:
 def _load_modules(hw: hwsim.Hw) -> None:
     conf = hw.modprobe_conf()
     kver = hw.kernel
-    # 1. initramfs: its own copy of the module configuration, as of update-initramfs
+    # 1. initramfs: its own copy of the module configuration and udev rules
     record = _initramfs(hw, kver)
     if record is not None:
         files = record.get("files", {})
@@ -65,13 +117,25 @@ def _load_modules(hw: hwsim.Hw) -> None:
             {
                 k: v
                 for k, v in files.items()
-                if k.startswith("/etc/modprobe.d/") and k.endswith(".conf")
+                if k.startswith(("/etc/modprobe.d/", "/lib/modprobe.d/")) and k.endswith(".conf")
             }
         )
+        listed = []
         for line in files.get("/etc/initramfs-tools/modules", "").splitlines():
             words = line.split("#", 1)[0].split()
             if words:
-                _load(hw, words[0], words[1:], early_conf)
+                listed.append(words)
+        rules = {
+            k.rsplit("/", 1)[1]: v
+            for k, v in files.items()
+            if "/udev/rules.d/" in k and k.endswith(".rules")
+        }
+        hw.install_runner = _initramfs_runner(hw, files)
+        carried = {hwsim.norm(w[0]) for w in listed}
+        _coldplug(hw, early_conf, rules, lambda m: hwsim.norm(m) in carried)
+        for words in listed:
+            _load(hw, words[0], words[1:], early_conf)
+    hw.install_runner = None  # the real root: the default runner, chrooted into the twin
     # 2. modules-load
     for word in hw.state["cmdline"].split():
         if word.startswith("modules-load="):
@@ -89,16 +153,7 @@ def _load_modules(hw: hwsim.Hw) -> None:
     # 3. udev coldplug
     kvm = "kvm_amd" if hw.profile["cpu"]["vendor"] == "AMD" else "kvm_intel"
     _load(hw, kvm, [], conf)
-    for bdf, dev in sorted(hw.devices().items()):
-        if hw.state["bindings"].get(bdf):
-            continue
-        override = hw.driver_override(bdf)
-        if dev["vendor"] == "10de" and dev["class"].startswith("03"):
-            for alias in ("nouveau", "nvidia"):
-                if alias not in conf["blacklist"] and hw.module_exists(alias):
-                    _load(hw, alias, [], conf)
-        elif dev.get("driver") and override in (None, dev["driver"]):
-            hw.bind_all(dev["driver"])
+    _coldplug(hw, conf, root_rules(hw), lambda m: hw.module_exists(m) or m in hw._device_drivers())
     if not hw.loaded("nvidia") and "nvidia" not in hw.state:
         ko = hw.find_ko("nvidia")
         why = (
@@ -107,6 +162,26 @@ def _load_modules(hw: hwsim.Hw) -> None:
             else f"no nvidia.ko for {kver}"
         )
         hw.state["nvidia"] = {"loaded": False, "reason": why}
+
+
+def _coldplug(hw: hwsim.Hw, conf: dict, rules: dict[str, str], available) -> None:
+    """udev's coldplug, the losing order: every device's modalias autoload, then the rules."""
+    for bdf, dev in sorted(hw.devices().items()):
+        if hw.state["bindings"].get(bdf):
+            continue
+        if dev["vendor"] == "10de" and dev["class"].startswith("03"):
+            for alias in ("nouveau", "nvidia"):
+                if alias not in conf["blacklist"] and available(alias):
+                    _load(hw, alias, [], conf)
+        elif dev.get("driver") and dev["driver"] != hwsim.BRIDGE_DRIVER:
+            name = hwsim.norm(dev["driver"])
+            if name in conf["install"] and available(name):
+                _load(hw, name, [], conf)  # its install command runs, then it binds
+            elif hw.driver_override(bdf) in (None, dev["driver"]) and available(name):
+                hw.bind_all(dev["driver"])  # the driver was there already (built in or loaded)
+        elif dev.get("driver"):
+            hw.bind_all(dev["driver"])
+    _apply_udev_overrides(hw, rules)
 
 
 def _initramfs(hw: hwsim.Hw, kver: str) -> dict | None:

@@ -33,12 +33,46 @@ from pathlib import Path
 from twin.modbuild import GSP_FIRMWARE, firmware_blob
 from twin.userspace import LIBDIR, UserspaceCache
 
-PERSISTENCED = """#!/bin/sh
-# gpuhost-twin stand-in for nvidia-persistenced: forks, keeps a pid file like the real daemon,
-# and detaches from the caller's terminal and pipes as a daemon does.
-mkdir -p /var/run/nvidia-persistenced
-( trap 'exit 0' TERM; while :; do sleep 3600; done ) </dev/null >/dev/null 2>&1 &
-echo $! >/var/run/nvidia-persistenced/nvidia-persistenced.pid
+PERSISTENCED = """#!/usr/bin/python3
+# gpuhost-twin stand-in for nvidia-persistenced. Like the real daemon it forks, keeps a pid file,
+# and holds every GPU's /dev/nvidiaN open (that is what keeps the driver's state up); it lets go
+# of (or takes again) a GPU when nvidia-smi -i <bdf> -pm 0|1 asks, which reaches the real one
+# through its per-device RPC (nvpdsetpersistencemode): here released.json and SIGUSR1. It
+# answers with the minors it holds in held.json. The machine running the twin has no nvidia
+# driver, so a real open() of the node fails (ENXIO): it holds O_PATH descriptors, which
+# /proc/<pid>/fd shows the same way (the node's device number), for whoever scans it.
+import glob, json, os, signal, sys
+RUN = "/var/run/nvidia-persistenced"
+os.makedirs(RUN, exist_ok=True)
+if os.fork():
+    sys.exit(0)
+os.setsid()
+null = os.open("/dev/null", os.O_RDWR)  # a daemon lets go of its caller's terminal or session
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+held = {}
+def sync(*_):
+    try:
+        released = set(json.load(open(RUN + "/released.json")))
+    except (OSError, ValueError):
+        released = set()
+    for node in sorted(glob.glob("/dev/nvidia[0-9]*")):
+        minor = int(node[len("/dev/nvidia"):])
+        if minor in released and minor in held:
+            os.close(held.pop(minor))
+        elif minor not in released and minor not in held:
+            held[minor] = os.open(node, os.O_PATH)  # the machine has no nvidia driver to open
+    tmp = RUN + "/.held.json"
+    with open(tmp, "w") as f:
+        json.dump(sorted(held), f)
+    os.replace(tmp, RUN + "/held.json")
+signal.signal(signal.SIGUSR1, sync)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+sync()
+with open(RUN + "/nvidia-persistenced.pid", "w") as f:
+    f.write(f"{os.getpid()}\\n")
+while True:
+    signal.pause()
 """
 
 # nvidia-smi as the real one behaves on top of NVML, for the queries gpuhost and its tests make:

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from twin import guests, mounts, node, processes, units
+from twin import guests, mounts, node, processes, procview, units
 
 RUN = "run/gpuhost-twin"
 API_PORT = 8006
@@ -63,7 +63,7 @@ class Supervisor:
                 from twin import boot
 
                 try:
-                    boot.simulate_boot(self.root, self.profile)
+                    boot.simulate_boot(self.root, self.profile, live_sysfs=True)
                 except boot.BrickedError as exc:
                     # A simulated failure: like the real host, the twin does not come back.
                     bricked = True
@@ -137,6 +137,22 @@ class Supervisor:
         self.boot()
         log(f"rebooted in {time.monotonic() - t0:.2f} s")
 
+    def apply_sysfs_writes(self, retry: bool = False) -> None:
+        """What the kernel does at once when a sysfs control file is written (bind, unbind,
+        drivers_probe): the supervisor holds the control FIFOs open and applies each request
+        (hwsim/sysfs_ctl.py); ``retry`` also retries unbinds the nvidia driver waits on."""
+        if self.profile is None:
+            return
+        from twin import hwsim
+        from twin.hwsim import sysfs_ctl
+
+        try:
+            sysfs_ctl.hold_all(self.root)
+            if sysfs_ctl.pending(self.root) or (retry and _removals_waiting(self.root)):
+                hwsim.apply_sysfs_writes(self.root)
+        except Exception:
+            log(f"sysfs writes failed:\n{traceback.format_exc()}")
+
     def write_uptime(self) -> None:
         up = self.uptime_offset + time.monotonic() - self.booted
         path = self.root / "proc/uptime"
@@ -198,13 +214,19 @@ class Supervisor:
         (self.twin.dir / "ready").write_text(f"{os.getpid()}\n")
         worker = threading.Thread(target=self.worker, daemon=True)
         worker.start()
-        last = 0.0
+        last = last_pids = 0.0
         while not self.stopping.is_set():
             now = time.monotonic()
             if now - last >= 1.0:
                 with self.lock:
                     self.write_uptime()
                 last = now
+            retry = now - last_pids >= 0.5
+            if retry:
+                with contextlib.suppress(OSError):
+                    procview.sync_pid_links(self.root, self.twin.dir)
+                last_pids = now
+            self.apply_sysfs_writes(retry)
             try:
                 names = os.listdir(self.requests)
             except FileNotFoundError:
@@ -217,6 +239,16 @@ class Supervisor:
         worker.join(timeout=30)
         self.halt()
         (self.twin.dir / "ready").unlink(missing_ok=True)
+
+
+def _removals_waiting(root: Path) -> bool:
+    """Whether an nvidia unbind waits for a GPU's holders (hw.json remove_waiting)."""
+    try:
+        return bool(
+            json.loads((root / "var/lib/gpuhost-twin/hw.json").read_text()).get("remove_waiting")
+        )
+    except (OSError, ValueError):
+        return False
 
 
 def answer(rc: int, stdout: str = "", stderr: str = "") -> dict[str, Any]:

@@ -154,7 +154,8 @@ def modules_loaded(ctx: AuditContext) -> list[Finding]:
 
 @check("modules.files", "modprobe.d and modules-load.d files are the Plan's")
 def modules_files(ctx: AuditContext) -> list[Finding]:
-    files = [f for f in ctx.plan.files.values() if f.concern == "modules"]
+    # "vfio": the install lines that claim the VMs' functions for vfio-pci at boot
+    files = [f for f in ctx.plan.files.values() if f.concern in ("modules", "vfio")]
     return file_findings(ctx, files, REDEPLOY)
 
 

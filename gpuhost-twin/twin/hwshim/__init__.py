@@ -44,6 +44,9 @@ MUTATING = ("modprobe", "nvidia-modprobe", "gpuhost-twin-fabric")
 
 
 def main(tool: str, argv: list[str]) -> int:
+    if tool == "modprobe":
+        with hwsim.locked(root()) as lock:
+            return modprobe(argv, lock)
     if tool in MUTATING:
         with hwsim.locked(root()):
             return TOOLS[tool](argv)

@@ -3,10 +3,14 @@ modinfo and depmod (the real kmod binary, pointed at the simulated kernel)."""
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 from .common import err, hwsim, load_hw, out, root
 
@@ -22,12 +26,15 @@ def lsmod(argv: list[str]) -> int:
     return 0
 
 
-def modprobe(argv: list[str]) -> int:
+def modprobe(argv: list[str], lock: IO[str] | None = None) -> int:
+    """modprobe [-r] [-q] [-a] [-n] [-i] name [params]. ``lock``: the machine's lock file,
+    held by the caller; it is let go while an install command runs (its own modprobe calls
+    take it), as the real kernel serialises nothing between the two."""
     hw = load_hw()
     if hw is None or not hw.kernel:
         err("modprobe: FATAL: twin: the machine has not booted")
         return 1
-    remove = quiet = all_names = dry = False
+    remove = quiet = all_names = dry = ignore_install = False
     words = []
     for a in argv:
         if a in ("-r", "--remove"):
@@ -38,6 +45,8 @@ def modprobe(argv: list[str]) -> int:
             all_names = True
         elif a in ("-n", "--dry-run"):
             dry = True
+        elif a in ("-i", "--ignore-install", "--ignore-remove"):
+            ignore_install = True
         elif a.startswith("-"):
             continue  # -v, -b, -s ...: no effect on the simulation
         else:
@@ -45,6 +54,8 @@ def modprobe(argv: list[str]) -> int:
     if not words:
         err("modprobe: ERROR: missing parameters. See -h.")
         return 1
+    hw.apply_writes()  # sysfs writes made since the last tool ran (the kernel applies them at once)
+    hw.install_runner = functools.partial(_run_unlocked, lock)
     names, params = (words, []) if all_names or remove else (words[:1], words[1:])
     code = 0
     conf = hw.modprobe_conf()
@@ -56,7 +67,10 @@ def modprobe(argv: list[str]) -> int:
                 )
                 code = 1
             continue
-        ok, message = hw.unload(name) if remove else hw.load(name, params, conf)
+        if remove:
+            ok, message = hw.unload(name)
+        else:
+            ok, message = hw.load(name, params, conf, ignore_install=ignore_install)
         if not ok:
             code = 1
             if not quiet or "not found" not in message:
@@ -64,6 +78,20 @@ def modprobe(argv: list[str]) -> int:
     hw.write_views()
     hw.save()
     return code
+
+
+def _run_unlocked(lock: IO[str] | None, command: str, env: dict[str, str]) -> tuple[int, str]:
+    """An install command, as kmod's command_do runs it: system(3) with MODPROBE_MODULE set;
+    its output goes where modprobe's goes."""
+    if lock is not None:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    try:
+        sys.stdout.flush()
+        proc = subprocess.run(["/bin/sh", "-c", command], env={**os.environ, **env}, check=False)
+    finally:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+    return proc.returncode, ""
 
 
 def kmod_binary(hw_root: Path) -> str:
@@ -112,8 +140,6 @@ def modinfo(argv: list[str]) -> int:
     elif hw is not None and not path.is_absolute():
         path = Path.cwd() / path
     kmod = kmod_binary(hw.root if hw else root())
-    import subprocess
-
     proc = subprocess.run(
         ["modinfo", *args, str(path)],
         executable=kmod,

@@ -3,7 +3,10 @@ formats follow the real captures in tests/fixtures/captures/h200x2."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import time
 
 from .common import err, hwsim, load_hw, out
@@ -67,6 +70,43 @@ def library_version(hw: hwsim.Hw) -> str | None:
         for lib in sorted(hw.p(d).glob("libnvidia-ml.so.*.*")) if hw.p(d).is_dir() else []:
             return lib.name.split(".so.", 1)[1]
     return None
+
+
+def smi_persistence(hw: hwsim.Hw, select: str | None, on: bool) -> str:
+    """nvidia-smi [-i ID] -pm 0|1. With nvidia-persistenced running, nvidia-smi asks the daemon
+    to hold or let go of that GPU (its per-device RPC, nvpdsetpersistencemode); the twin's
+    stand-in takes the request from released.json and SIGUSR1 and answers in held.json.
+    Without the daemon the driver's legacy persistence mode is set."""
+    run = hw.p("run/nvidia-persistenced")
+    try:
+        pid = int((run / "nvidia-persistenced.pid").read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        pid = 0
+    text = ""
+    for g in smi_gpus(hw, select):
+        state = "Enabled" if on else "Disabled"
+        if bool(g["persistence_mode"]) == on:
+            text += f"Persistence mode is already {state} for GPU {bus_id(g['bdf'])}.\n"
+            continue
+        if pid:
+            path = run / "released.json"
+            released = set(json.loads(path.read_text())) if path.exists() else set()
+            released = (released - {g["minor"]}) if on else (released | {g["minor"]})
+            path.write_text(json.dumps(sorted(released)))
+            os.kill(pid, signal.SIGUSR1)
+            for _ in range(50):  # the daemon answers in held.json
+                held = json.loads((run / "held.json").read_text())
+                if (g["minor"] in held) == on:
+                    break
+                time.sleep(0.05)
+        else:
+            with hwsim.locked(hw.root):
+                fresh = hwsim.Hw(hw.root)
+                fresh.state.setdefault("persistence", {})[g["bdf"]] = on
+                fresh.save()
+        text += f"{state} persistence mode for GPU {bus_id(g['bdf'])}.\n"
+    return text + "All done.\n"
 
 
 def smi_gpus(hw: hwsim.Hw, select: str | None) -> list[dict]:
@@ -309,6 +349,8 @@ def nvidia_smi(argv: list[str]) -> int:
             out(smi_q(hw, select))
         elif rest[:1] == ["topo"]:
             out(smi_topo(hw, rest[1:]))
+        elif len(rest) == 2 and rest[0] in ("-pm", "--persistence-mode") and rest[1] in ("0", "1"):
+            out(smi_persistence(hw, select, rest[1] == "1"))
         elif rest == ["nvlink", "-s"]:
             links = hw.profile["nvidia"]["nvlink_links"]
             speed = hw.profile["nvidia"]["nvlink_gbps"]

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from .kofile import norm
 
@@ -128,15 +129,16 @@ def config_vermagic(release: str, config: str) -> str:
 
 
 @contextlib.contextmanager
-def locked(root: str | Path | None = None) -> Iterator[None]:
-    """Serialise state changes (two SSH sessions may run modprobe at once)."""
+def locked(root: str | Path | None = None) -> Iterator[IO[str]]:
+    """Serialise state changes (two SSH sessions may run modprobe at once). Yields the lock
+    file, so a holder can let go of it while it waits for a command that takes it too."""
     base = Path(root if root is not None else os.environ.get("TWIN_ROOT", "/"))
     lock = base / "var/lib/gpuhost-twin/hw.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with lock.open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
+            yield f
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 

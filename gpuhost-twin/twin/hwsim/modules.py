@@ -4,15 +4,30 @@ parameters, and what a load does (nvidia binds GPUs, vfio-pci takes its ids)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
-from .catalog import IN_TREE, NVIDIA_DEPS, UVM_PARAMS
+from . import sysfs_ctl
+from .catalog import BRIDGE_DRIVER, IN_TREE, NVIDIA_DEPS, UVM_PARAMS
 from .kofile import gcc_release, ko_info, norm
-from .machine import Machine
+from .machine import STATE, Machine
+
+# Runs a modprobe.d install command: (command, extra environment) -> (exit status, output).
+InstallRunner = Callable[[str, dict[str, str]], tuple[int, str]]
+BOOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class KernelModules(Machine):
-    """Module loading rules of the simulated kernel (a part of Hw)."""
+    """Module loading rules of the simulated kernel (a part of Hw).
+
+    ``install_runner`` runs modprobe.d ``install`` commands for real (kmod's command_do:
+    system(3), i.e. /bin/sh -c, with MODPROBE_MODULE set); the boot and the modprobe shim set
+    one that fits where they run. The default runs /bin/sh chrooted into the root.
+    """
+
+    install_runner: InstallRunner | None = None
 
     def modprobe_conf(self, texts: dict[str, str] | None = None) -> dict:
         """options/blacklist/softdep/install from modprobe.d (+ the kernel command line).
@@ -85,19 +100,22 @@ class KernelModules(Machine):
         params: list[str] | None = None,
         conf: dict | None = None,
         _stack: tuple[str, ...] = (),
+        ignore_install: bool = False,
     ) -> tuple[bool, str]:
         """modprobe <name> [params]: (ok, modprobe-style error). Updates state, not the views."""
         name = norm(name)
         conf = conf if conf is not None else self.modprobe_conf()
         if self.loaded(name) or name in _stack:
             return True, ""
+        pre, post = conf["softdep"].get(name, ([], []))
         install = conf["install"].get(name)
-        if install and install.split()[0] in ("/bin/false", "/usr/bin/false", "false"):
-            return False, (
-                "modprobe: ERROR: ../libkmod/libkmod-module.c:1013 command_do() Error running"
-                f" install command '{install}' for module {name}: retcode 1\n"
-                f"modprobe: ERROR: could not insert '{name}': Invalid argument"
-            )
+        # kmod runs a module's install command instead of inserting it, unless modprobe was
+        # told --ignore-install (that flag covers the named module only, not its dependencies)
+        # or the module has softdeps (libkmod-module.c: mod->ignorecmd = pre || post).
+        if install and not ignore_install and not (pre or post):
+            return self._run_install(name, install, conf, params or [])
+        if name in self._device_drivers() and name not in IN_TREE:
+            return self._load_device_driver(name)
         kver = self.kernel
         ko = None if name in IN_TREE else self.find_ko(name)
         if name not in IN_TREE and ko is None:
@@ -110,7 +128,6 @@ class KernelModules(Machine):
                 False,
                 f"modprobe: FATAL: Module {name} not found in directory /lib/modules/{kver}",
             )
-        pre, post = conf["softdep"].get(name, ([], []))
         for dep in pre:
             self.load(dep, None, conf, (*_stack, name))
         info = ko_info(ko) if ko else {}
@@ -156,6 +173,73 @@ class KernelModules(Machine):
             return False, err
         for dep in post:
             self.load(dep, None, conf, (*_stack, name))
+        return True, ""
+
+    def _run_install(
+        self, name: str, install: str, conf: dict, params: list[str]
+    ) -> tuple[bool, str]:
+        """Run the install command instead of inserting (kmod module_do_install_commands):
+        $CMDLINE_OPTS becomes the module's modprobe.d options plus those given to modprobe."""
+        options = " ".join([*conf["options"].get(name, []), *params])
+        command = install.replace("$CMDLINE_OPTS", options)
+        self.save()  # the command's own modprobe calls read and change the saved state
+        if self.state.get("live_sysfs"):
+            sysfs_ctl.hold_all(self.root)  # so the command's writes to them never wait
+        runner = self.install_runner or self._chroot_runner
+        rc, output = runner(command, {"MODPROBE_MODULE": name})
+        path = self.p(STATE)
+        self.state = json.loads(path.read_text()) if path.exists() else self.state
+        # sysfs writes the command made take effect, as they would at once (PciBinding's, in Hw)
+        self.apply_writes()  # type: ignore[attr-defined]
+        for line in output.splitlines():
+            self.klog(f"modprobe[{name}]: {line}")
+        if rc != 0:
+            return False, (
+                "modprobe: ERROR: ../libkmod/libkmod-module.c:1013 command_do() Error running"
+                f" install command '{command}' for module {name}: retcode {rc}\n"
+                f"modprobe: ERROR: could not insert '{name}': Invalid argument"
+            )
+        return True, ""
+
+    def _chroot_runner(self, command: str, env: dict[str, str]) -> tuple[int, str]:
+        argv = ["/bin/sh", "-c", command]
+        extra = {}
+        if str(self.root) != "/" and self.p("bin/sh").exists():
+            argv = ["chroot", str(self.root), *argv]
+        elif str(self.root) != "/":  # a bare test root: the shims find it through TWIN_ROOT
+            extra["TWIN_ROOT"] = str(self.root)
+        proc = subprocess.run(
+            argv,
+            env={"PATH": BOOT_PATH, "LC_ALL": "C", **extra, **env},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return proc.returncode, proc.stdout + proc.stderr
+
+    def _device_drivers(self) -> set[str]:
+        """Drivers the profile's devices name (snd_hda_intel, nvme...): loadable modules of
+        the simulated kernel, reached by modprobe only through an install command's
+        --ignore-install (otherwise coldplug binds them directly)."""
+        return {
+            norm(d["driver"])
+            for d in self.profile["pci_devices"]
+            if d.get("driver") and d["driver"] != BRIDGE_DRIVER
+        }
+
+    def _load_device_driver(self, name: str) -> tuple[bool, str]:
+        driver = next(
+            d["driver"] for d in self.profile["pci_devices"] if norm(d.get("driver") or "") == name
+        )
+        self.modules()[name] = {
+            "path": f"kernel/drivers/{name}.ko",
+            "params": {},
+            "deps": [],
+            "version": "",
+            "license": "GPL",
+            "intree": True,
+        }
+        self.bind_all(driver)
         return True, ""
 
     def _refuse(self, name: str, ko: Path, info: dict) -> str:

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import os
+import stat
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import sysfs_ctl
 from .catalog import BRIDGE_DRIVER
 from .kofile import norm
 from .machine import Machine, remove_tree
@@ -16,6 +19,34 @@ if TYPE_CHECKING:
 
 class PciBinding(Machine):
     """Driver binding per BDF (a part of Hw)."""
+
+    def apply_writes(self) -> bool:
+        """Apply pending writes to the sysfs control files (see _apply_sysfs_writes)."""
+        return _apply_sysfs_writes(self)  # type: ignore[arg-type]  # self is an Hw
+
+    def gpu_holders(self, bdf: str) -> list[int]:
+        """Processes of the machine that hold this GPU's /dev/nvidiaN open (any node of major
+        195 and its minor: a container's own node counts too), read through /proc/<pid>/fd."""
+        minor = next((g["minor"] for g in self.nvidia_gpus() if g["bdf"] == bdf), None)  # type: ignore[attr-defined]
+        if minor is None:
+            return []
+        wanted = os.makedev(195, minor)
+        holders = []
+        proc = self.p("proc")
+        for entry in os.scandir(proc) if proc.is_dir() else []:
+            if not entry.name.isdigit():
+                continue
+            try:
+                target = os.readlink(entry.path) if entry.is_symlink() else None
+                fds = self.p(target) / "fd" if target else Path(entry.path) / "fd"
+                for fd in os.scandir(fds):
+                    st = os.stat(fd.path)
+                    if stat.S_ISCHR(st.st_mode) and st.st_rdev == wanted:
+                        holders.append(int(entry.name))
+                        break
+            except OSError:
+                continue
+        return holders
 
     def driver_override(self, bdf: str) -> str | None:
         f = self.p(f"sys/bus/pci/devices/{bdf}/driver_override")
@@ -106,8 +137,9 @@ def layout_pci(hw: Hw) -> None:
     hw.state["sysfs_paths"] = paths
     bus_devices = hw.p("sys/bus/pci/devices")
     bus_devices.mkdir(parents=True)
-    for ctl in ("drivers_probe", "rescan"):
-        hw.write(f"sys/bus/pci/{ctl}", "", 0o200)
+    live = bool(hw.state.get("live_sysfs"))
+    sysfs_ctl.make(hw.p("sys/bus/pci/drivers_probe"), live)
+    hw.write("sys/bus/pci/rescan", "", 0o200)
     bindings = hw.state.setdefault("bindings", {})
     for bdf, dev in sorted(devices.items()):
         d = paths[bdf]
@@ -147,39 +179,55 @@ def layout_pci(hw: Hw) -> None:
 
 
 def _apply_sysfs_writes(hw: Hw) -> bool:
-    """Apply what was written to the plain sysfs control files (bind/unbind/drivers_probe).
+    """Apply what was written to the sysfs control files (bind/unbind/drivers_probe), in order.
 
-    The files are plain, so nothing reacts to a write by itself: the plumbing calls this after
-    commands (or periodically); each control file is emptied once applied. True if anything changed.
+    Nothing reacts to a write by itself: the boot, the shims and the supervisor's tick call
+    this; each request is applied once (sysfs_ctl). True if anything changed.
     """
     changed = False
     drivers = hw.p("sys/bus/pci/drivers")
     bindings = hw.state.setdefault("bindings", {})
-    requests: list[tuple[str, str, str]] = []
+    # unbinds nvidia's remove still waits on (a process held the GPU), retried first
+    requests: list[tuple[str, str, str]] = [
+        ("unbind", "nvidia", bdf) for bdf in hw.state.get("remove_waiting", [])
+    ]
     for ddir in sorted(drivers.iterdir()) if drivers.is_dir() else []:
         for ctl in ("unbind", "bind"):
-            f = ddir / ctl
-            text = f.read_text() if f.exists() else ""
-            requests += [(ctl, ddir.name, bdf) for bdf in text.split()]
-            if text:
-                f.write_text("")
-    probe = hw.p("sys/bus/pci/drivers_probe")
-    probes = probe.read_text().split() if probe.exists() else []
-    if probes:
-        probe.write_text("")
+            requests += [(ctl, ddir.name, bdf) for bdf in sysfs_ctl.drain(ddir / ctl)]
+    probes = sysfs_ctl.drain(hw.p("sys/bus/pci/drivers_probe"))
+    waiting = hw.state.setdefault("remove_waiting", [])
     for ctl, driver, bdf in requests:
         if bdf not in bindings:
             continue
+        if ctl == "unbind" and bindings[bdf] == driver == "nvidia" and hw.gpu_holders(bdf):
+            # nv_pci_remove (nv-pci.c) waits, looping on os_delay(500), until the usage count
+            # drops to zero: the unbind does not complete while anything holds the GPU open.
+            if bdf not in waiting:
+                waiting.append(bdf)
+                hw.klog(f"NVRM: Attempting to remove device {bdf} with non-zero usage count!")
+                changed = True
+            continue
         if ctl == "unbind" and bindings[bdf] == driver:
+            if bdf in waiting:
+                waiting.remove(bdf)
             bindings[bdf], changed = None, True
         elif ctl == "bind" and bindings[bdf] is None:
             override = hw.driver_override(bdf)
             if (override in (None, driver) and hw.loaded(norm(driver))) or driver == BRIDGE_DRIVER:
                 bindings[bdf], changed = driver, True
     for bdf in probes:
+        if bdf not in bindings or bindings[bdf] is not None:
+            continue
         override = hw.driver_override(bdf)
-        if bdf in bindings and bindings[bdf] is None and override and hw.loaded(norm(override)):
-            bindings[bdf], changed = override, True
+        dev = hw.devices()[bdf]
+        if override:  # driver_override decides, and only that driver may take it
+            if hw.loaded(norm(override)) and (override != "vfio-pci" or hw._group_of(bdf)):
+                bindings[bdf], changed = override, True
+        elif dev["vendor"] == "10de" and dev["class"].startswith("03"):
+            if hw.loaded("nvidia") and hw._nvidia_probe(bdf, dev):
+                bindings[bdf], changed = "nvidia", True
+        elif dev.get("driver"):  # the device's own driver (snd_hda_intel...) is there already
+            bindings[bdf], changed = dev["driver"], True
     if changed:
         hw.write_views()
         hw.save()

@@ -3,10 +3,12 @@ dynamic majors), /sys/module, driver links in /sys/bus/pci, /proc/driver/nvidia,
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 
+from . import sysfs_ctl
 from .catalog import (
     DEFAULT_BLOCK,
     DEFAULT_CHAR,
@@ -19,6 +21,8 @@ from .catalog import (
 from .kofile import gcc_release, ko_info
 from .machine import Machine, gpu_uuid, mknod, remove_tree
 from .rm import RM_FILE, rm_text
+
+PERSISTENCED_RUN = "run/nvidia-persistenced"  # /var/run links to /run on Debian
 
 
 class KernelViews(Machine):
@@ -49,8 +53,10 @@ class KernelViews(Machine):
         self.write_proc_modules()
         self.write_proc_devices()
         self.write_sys_modules()
-        self.write_bindings()
+        # a driver's probe makes its own entries (/proc/driver/nvidia/gpus/<bdf>) before the
+        # driver core links the device to it (really_probe, then driver_bound)
         self.write_driver_nvidia()
+        self.write_bindings()
         self.write_rm()
         self.write_dev_nodes()
 
@@ -128,7 +134,9 @@ class KernelViews(Machine):
                 continue
             ddir = drivers / driver
             ddir.mkdir(parents=True, exist_ok=True)
-            for ctl in ("bind", "unbind", "new_id", "remove_id"):
+            for ctl in ("bind", "unbind"):
+                sysfs_ctl.make(ddir / ctl, bool(self.state.get("live_sysfs")))
+            for ctl in ("new_id", "remove_id"):
                 if not (ddir / ctl).exists():
                     (ddir / ctl).write_text("")
             os.symlink(os.path.relpath(ddir, devdir), link)
@@ -143,12 +151,29 @@ class KernelViews(Machine):
                 out.append(
                     dict(
                         gpu,
+                        persistence_mode=self.persistence(gpu["bdf"], len(out), gpu),
                         minor=len(out),
                         uuid=gpu_uuid(gpu),
                         failed=self.state.get("gpu_failed", {}).get(gpu["bdf"]),
                     )
                 )
         return out
+
+    def persistence(self, bdf: str, minor: int, gpu: dict) -> bool:
+        """Persistence mode of a GPU: on while nvidia-persistenced holds its node open (its
+        held.json, written by the twin's stand-in daemon), or as `nvidia-smi -pm` set it
+        without the daemon (the legacy, deprecated kernel-side mode), else the profile's."""
+        legacy = self.state.get("persistence", {})
+        if bdf in legacy:
+            return bool(legacy[bdf])
+        run = self.p(PERSISTENCED_RUN)
+        try:
+            pid = int((run / "nvidia-persistenced.pid").read_text())
+            os.kill(pid, 0)
+            held = json.loads((run / "held.json").read_text())
+        except (OSError, ValueError):
+            return bool(gpu["persistence_mode"])
+        return minor in held
 
     def write_driver_nvidia(self) -> None:
         for d in ("proc/driver/nvidia", "proc/driver/nvidia-caps", "proc/driver/nvidia-uvm"):

@@ -1,5 +1,11 @@
 """update-initramfs (initramfs-tools): the twin's initrd records the module configuration at
-generation time; each generation runs proxmox-boot-sync (stdlib only)."""
+generation time; each generation runs proxmox-boot-sync (stdlib only).
+
+What the record holds, as mkinitramfs would put it in the image: /etc/modprobe.d,
+modules-load.d, /etc/modules and /etc/initramfs-tools (the kmod hook copies modprobe.d); the
+udev rules Debian's udev hook copies (a fixed list, plus /etc/udev/rules.d/*.rules without a
+/usr/lib twin). Files that other hooks would copy (scripts, binaries) are not recorded: an
+install command that names one fails in the initramfs stage (boot_modules.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +25,35 @@ from .esp_sync import refresh
 # --- update-initramfs ---
 
 INITRAMFS_SOURCES = ("etc/modprobe.d", "etc/modules-load.d", "etc/modules", "etc/initramfs-tools")
+# systemd's debian/extra/initramfs-tools/hooks/udev: the rules files it copies by name.
+UDEV_RULES = (
+    "50-firmware.rules",
+    "50-udev-default.rules",
+    "60-block.rules",
+    "60-persistent-storage.rules",
+    "61-persistent-storage-android.rules",
+    "71-seat.rules",
+    "73-special-net-names.rules",
+    "75-net-description.rules",
+    "80-net-setup-link.rules",
+    "80-drivers.rules",
+)
+
+
+def _udev_rules(root: Path) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for name in UDEV_RULES:
+        for d in ("etc/udev/rules.d", "usr/lib/udev/rules.d", "lib/udev/rules.d"):
+            if (root / d / name).is_file():
+                files[f"/usr/lib/udev/rules.d/{name}"] = (root / d / name).read_text(
+                    errors="replace"
+                )
+                break
+    custom = root / "etc/udev/rules.d"
+    for path in sorted(custom.glob("*.rules")) if custom.is_dir() else []:
+        if not (root / "usr/lib/udev/rules.d" / path.name).exists():
+            files[f"/usr/lib/udev/rules.d/{path.name}"] = path.read_text(errors="replace")
+    return files
 
 
 def initramfs_record(root: Path, version: str) -> dict[str, object]:
@@ -30,6 +65,7 @@ def initramfs_record(root: Path, version: str) -> dict[str, object]:
         for path in paths:
             if path.is_file():
                 files["/" + str(path.relative_to(root))] = path.read_text(errors="replace")
+    files.update(_udev_rules(root))
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
     return {
         "generator": "gpuhost-twin update-initramfs",

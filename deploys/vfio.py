@@ -1,0 +1,44 @@
+"""The VMs' PCI functions on vfio-pci: claimed at boot before any host driver, per BDF.
+
+Writes the mechanism the Plan holds (gpuhost/vfioplan.py): /etc/modprobe.d/gpuhost-vfio.conf,
+whose install lines claim the VMs' functions for vfio-pci before nvidia, nouveau, nvidiafb or
+snd_hda_intel is inserted. The initramfs carries modprobe.d, so the file records the initramfs
+rebuild as pending first; the module options deploy that follows runs it (one rebuild for
+both). When no VM has GPUs the files are removed. A board bound to the
+wrong driver now is moved live (:func:`deploys.rebind.rebind`) where the IOMMU is on; the
+move is refused, naming the process and guest, while something holds the board.
+
+Moving a board between nvidia and vfio-pci without a reboot: :func:`deploys.rebind.rebind`.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from deploys.context import observed
+from deploys.ops import managed_file
+from deploys.rebind import rebind
+from gpuhost.plan import Plan
+from gpuhost.vfioplan import board_functions, misbound
+
+
+@deploy("VFIO binding")
+def configure(plan: Plan, live: bool = True) -> None:
+    """The claim's files; with ``live`` (no reboot in this run: the boot's claim would do it)
+    also the live moves of boards bound to the wrong driver now, whose guests
+    deploys/split.py has stopped."""
+    step = next(f for f in plan.follow_ups if f.name == "initramfs")
+    for item in plan.files.values():
+        if item.concern == "vfio":
+            managed_file(name=f"VFIO binding: {item.path}", item=item, follow_ups=[step])
+    if not live:
+        return
+    # A board on the wrong side now moves live (refused, naming the holder, while in use).
+    facts = observed(host)
+    for gpu, driver in misbound(plan.gpus, facts):
+        rebind(
+            name=f"Move GPU {gpu} and its functions to {driver}",
+            functions=board_functions(plan.gpus, facts, gpu),
+            driver=driver,
+        )

@@ -1,0 +1,140 @@
+"""The VMs' PCI functions bound to vfio-pci at boot, per BDF, before any host driver can probe
+them: the files of that mechanism, planned from the Plan's ``vm_functions``.
+
+Why a modprobe.d ``install`` hook (domain.md "GPUs in VMs"): loading nvidia probes every board
+it matches at once, and systemd-modules-load and udev's coldplug run with no ordering between
+them, so a udev rule that sets driver_override can come too late. kmod runs a module's install
+command instead of inserting it (libkmod-module.c: module_do_install_commands, command_do:
+system(3) with MODPROBE_MODULE set, $CMDLINE_OPTS replaced by the module's options), and every
+path that loads nvidia goes through modprobe: modules-load, udev's kmod builtin, the
+initramfs, nvidia-modprobe, nvidia-persistenced, and nvidia_uvm's dependency on nvidia. The
+command claims the functions, then inserts the driver with --ignore-install. It is written
+inline in the modprobe.d file (no script beside it), so the initramfs, which copies
+/etc/modprobe.d, carries the whole claim with no hook of its own. Two kmod rules matter: only
+the first install line for a module counts, and a module with a softdep has its install
+command ignored (mod->ignorecmd), so a ``softdep nvidia ...`` elsewhere disables it.
+
+Every host driver that could bind one of a VM's functions is hooked: nvidia, nouveau and
+nvidiafb for the GPU, snd_hda_intel for its audio function, xhci_pci and i2c_nvidia_gpu for the
+USB-C functions of boards that have them. A driver built into the kernel runs no hook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jinja2
+
+from gpuhost.hostfacts import HostFacts
+from gpuhost.values import normalize_bdf
+
+if TYPE_CHECKING:
+    from gpuhost.plan import GpuAssignment
+
+MODPROBE_CONF = "/etc/modprobe.d/gpuhost-vfio.conf"
+# The initramfs carries modprobe.d: rebuild it when the file changes, so its copy is the same.
+INITRAMFS_FILES = (MODPROBE_CONF,)
+
+# PCI class (prefix) of a VM's function -> the host drivers that would bind it.
+CLAIMERS: dict[str, tuple[str, ...]] = {
+    "03": ("nvidia", "nouveau", "nvidiafb"),  # display controllers
+    "0403": ("snd_hda_intel",),  # the board's HD audio function
+    "0c03": ("xhci_pci",),  # USB-C controller (Turing boards)
+    "0c80": ("i2c_nvidia_gpu",),  # USB-C UCSI (serial bus)
+}
+_ROOT = Path(__file__).parents[1]
+
+
+@dataclass(frozen=True)
+class VfioBinding:
+    """What binds at boot to vfio-pci: the functions (validated BDFs) and the hooked drivers."""
+
+    bdfs: tuple[str, ...]
+    modules: tuple[str, ...]
+
+
+def plan_vfio(
+    vm_functions: dict[int, tuple[str, ...]], classes: dict[str, str]
+) -> VfioBinding | None:
+    """The binding for every function given to a VM; None when no VM has one.
+
+    + vm_functions: the Plan's vmid -> BDFs (each GPU's board and the rest of its IOMMU group)
+    + classes: BDF -> PCI class (hex, '030000') from the PCI facts
+    """
+    bdfs = sorted({normalize_bdf(b) for functions in vm_functions.values() for b in functions})
+    if not bdfs:
+        return None
+    modules: list[str] = []
+    for bdf in bdfs:
+        cls = classes.get(bdf, "")
+        for prefix, drivers in CLAIMERS.items():
+            if cls.startswith(prefix):
+                modules += [m for m in drivers if m not in modules]
+    # the GPU drivers always: whatever else a function is, nvidia must never probe first
+    modules = [*CLAIMERS["03"], *(m for m in modules if m not in CLAIMERS["03"])]
+    return VfioBinding(tuple(bdfs), tuple(modules))
+
+
+def claim_command(binding: VfioBinding) -> str:
+    """The claim as one shell command (an install line's first half): overrides, then vfio-pci
+    bound to every planned function that is on the bus. Its values are BDFs that passed
+    normalize_bdf, so nothing in it needs quoting."""
+    functions = " ".join(binding.bdfs)
+    return (
+        f"{{ for f in {functions}; do d=/sys/bus/pci/devices/$f; "
+        '[ ! -e "$d" ] || echo vfio-pci > "$d/driver_override" || exit 1; done; '
+        "/sbin/modprobe vfio-pci || exit 1; "
+        f"for f in {functions}; do d=/sys/bus/pci/devices/$f; "
+        '[ ! -e "$d" ] || [ -e "$d/driver" ] || echo "$f" > /sys/bus/pci/drivers_probe; done; }'
+    )
+
+
+def modprobe_conf(binding: VfioBinding) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_ROOT / "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # a modprobe.d file; its values are BDFs and module names of ours
+    )
+    return env.get_template("gpuhost-vfio.conf.j2").render(
+        bdfs=binding.bdfs, modules=binding.modules, claim=claim_command(binding)
+    )
+
+
+def vfio_files(binding: VfioBinding | None) -> list[tuple[str, str | None, str]]:
+    """(path, content or None for absent, mode) of every file of the mechanism."""
+    return [(MODPROBE_CONF, modprobe_conf(binding) if binding else None, "644")]
+
+
+def board_functions(gpus: list[GpuAssignment], facts: HostFacts, bdf: str) -> tuple[str, ...]:
+    """The functions that move with GPU ``bdf``: the GPU, its board's other functions and the
+    non-bridge members of its IOMMU group (the GPU first)."""
+    gpu = normalize_bdf(bdf)
+    a = next((g for g in gpus if g.bdf == gpu), None)
+    if a is None:
+        raise ValueError(f"{gpu} is not a GPU of this host ({', '.join(g.bdf for g in gpus)})")
+    group = facts.iommu_groups.get(a.iommu_group, []) if a.iommu_group is not None else []
+    members = sorted(b for b in group if b in facts.pci and not facts.pci[b].is_bridge)
+    return tuple(dict.fromkeys([a.bdf, *a.functions, *members]))
+
+
+def misbound(gpus: list[GpuAssignment], facts: HostFacts) -> list[tuple[str, str]]:
+    """(GPU, driver) for each board that sits on the wrong side of vfio-pci now and can move
+    live: the IOMMU is on (vfio-pci needs a group) and the GPU is bound to a driver, or was
+    left unbound with an override by a move that was killed halfway."""
+    moves = []
+    for a in gpus:
+        if a.iommu_group is None or a.bdf not in facts.pci:
+            continue
+        gpu = facts.pci[a.bdf]
+        if a.driver_now is None and gpu.driver_override is None:
+            continue  # no driver to move it from: the boot claims or binds it
+        functions = board_functions(gpus, facts, a.bdf)
+        now = {facts.pci[f].driver for f in functions if f in facts.pci}
+        if a.driver_planned == "vfio-pci" and now != {"vfio-pci"}:
+            moves.append((a.bdf, "vfio-pci"))
+        elif a.driver_planned == "nvidia" and a.driver_now != "nvidia" and facts.driver:
+            moves.append((a.bdf, "nvidia"))
+    return moves

@@ -1,0 +1,71 @@
+"""The live rebind: the board-state fact's parser, refusals that name the holder, the script."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploys.rebind import rebind_script, refusal
+from facts._parse import UnparsedOutput
+from facts.rebind import BoardBinding, Holder, parse_board_state
+
+BOARD = ("0000:c1:00.0", "0000:c1:00.1")
+# As the fact's command prints it on a host where CT 200 runs CUDA on the GPU (minor 6).
+LINES = [
+    "F 0000:c1:00.0 nvidia - 30 6",
+    "F 0000:c1:00.1 snd_hda_intel - 30 -",
+    "H c3:6 2211 nvidia-persiste 0::/system.slice/gpuhost-nvidia-persistenced.service ",
+    "H c3:6 4242 python3 0::/lxc/200/ns/user.slice ",
+    "P 00000000:01:00.0, Enabled",
+    "P 00000000:C1:00.0, Enabled",
+    "A 00000000:C1:00.0, 4242, python3",
+]
+
+
+def test_the_fact_reads_functions_holders_and_persistence() -> None:
+    state = parse_board_state(LINES)
+    assert state.functions["0000:c1:00.0"].driver == "nvidia"
+    assert state.functions["0000:c1:00.0"].minor == 6
+    assert state.functions["0000:c1:00.1"].minor is None
+    assert state.holders[1] == Holder(4242, "python3", "195:6", "CT 200")
+    assert state.holders[0].guest is None
+    assert state.persistence == {"0000:01:00.0": True, "0000:c1:00.0": True}
+    assert state.compute_apps == [("0000:c1:00.0", 4242, "python3")]
+    with pytest.raises(UnparsedOutput):
+        parse_board_state(["F 0000:c1:00.0 nvidia"])
+
+
+def test_the_fact_command_only_takes_pci_addresses() -> None:
+    assert "for b in 0000:c1:00.0 0000:c1:00.1; do" in BoardBinding().command(BOARD)
+    with pytest.raises(ValueError, match="is not a PCI address"):
+        BoardBinding().command(("0000:c1:00.0;reboot",))
+
+
+def test_a_gpu_in_use_is_refused_naming_the_process_and_guest() -> None:
+    why = refusal(parse_board_state(LINES), BOARD, "vfio-pci")
+    assert why is not None
+    assert why.startswith("GPU 0000:c1:00.0 is in use by pid 4242 (python3, CT 200)")
+    assert "2211" not in why  # nvidia-persistenced is released, not a reason to refuse
+
+
+def test_only_nvidia_persistenced_holding_is_released_not_refused() -> None:
+    state = parse_board_state([line for line in LINES if "4242" not in line])
+    assert refusal(state, BOARD, "vfio-pci") is None
+    script = rebind_script(state, BOARD, "vfio-pci", 10)
+    assert "nvidia-smi -i 0000:c1:00.0 -pm 0" in script
+    assert "grep -c '^c3:6 '" in script  # held again since the fact was read: stop
+    assert script.index("-pm 0") < script.index("/unbind")
+    assert "modprobe vfio-pci" in script
+
+
+def test_a_running_vm_blocks_the_move_back() -> None:
+    lines = [
+        "F 0000:c1:00.0 vfio-pci vfio-pci 30 -",
+        "F 0000:c1:00.1 vfio-pci vfio-pci 30 -",
+        "H f1:0 5150 kvm 0::/qemu.slice/129.scope ",
+    ]
+    why = refusal(parse_board_state(lines), BOARD, "nvidia")
+    assert why == (
+        "GPU 0000:c1:00.0 is in use through vfio by pid 5150 (kvm, VM 129): stop the VM first"
+    )
+    script = rebind_script(parse_board_state(lines[:2]), BOARD, "nvidia", 5)
+    assert 'echo "" > "$d/driver_override"' in script and "nvidia-modprobe -c" in script

@@ -1,0 +1,135 @@
+"""The vfio-pci claim at boot: planned from the Plan's VM functions, rendered, and run."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpuhost.plan import make_plan
+from gpuhost.spec import HostSpec
+from gpuhost.vfioplan import (
+    MODPROBE_CONF,
+    VfioBinding,
+    board_functions,
+    claim_command,
+    misbound,
+    plan_vfio,
+)
+from gpuhost.vfioplan import modprobe_conf as modprobe_conf_text
+from tests.unit.hosts import kpro6
+
+KPRO6 = {"kernel": {"version": "6.14.8-2-bpo12-pve"}, "driver": {"version": "595.71.05"}}
+VM_GPUS = ["0000:c1:00.0", "0000:e1:00.0"]
+FUNCTIONS = ("0000:c1:00.0", "0000:c1:00.1", "0000:e1:00.0", "0000:e1:00.1")
+
+
+def spec(*guests: dict) -> HostSpec:
+    return HostSpec.model_validate({**KPRO6, "guests": list(guests)})
+
+
+def vm_spec() -> HostSpec:
+    return spec(
+        {"kind": "vm", "vmid": 129, "name": "vm129", "machine": "q35", "gpus": VM_GPUS},
+        {"kind": "lxc", "ctid": 200, "name": "ct200", "gpus": "rest"},
+    )
+
+
+def test_the_vms_boards_and_their_audio_functions_are_claimed() -> None:
+    plan = make_plan("kpro6", vm_spec(), kpro6())
+    assert plan.vfio is not None
+    assert plan.vfio.bdfs == FUNCTIONS
+    assert plan.vfio.modules == ("nvidia", "nouveau", "nvidiafb", "snd_hda_intel")
+    conf = plan.files[MODPROBE_CONF].content
+    assert conf is not None
+    installs = [line for line in conf.splitlines() if line.startswith("install ")]
+    claim = claim_command(plan.vfio)
+    assert installs[0] == (
+        f"install nvidia {claim} && /sbin/modprobe --ignore-install nvidia $CMDLINE_OPTS"
+    )
+    assert [line.split()[1] for line in installs] == list(plan.vfio.modules)
+    assert f"for f in {' '.join(FUNCTIONS)}; do" in claim
+    assert "0000:41:00.0" not in conf  # the container's GPUs stay with nvidia
+    assert "#" not in claim  # modprobe.d would cut the line there
+    initramfs = next(f for f in plan.follow_ups if f.name == "initramfs")
+    assert MODPROBE_CONF in initramfs.triggers  # the initramfs carries modprobe.d
+
+
+def test_without_vm_gpus_the_file_is_planned_absent() -> None:
+    plan = make_plan(
+        "kpro6", spec({"kind": "lxc", "ctid": 200, "name": "ct", "gpus": "rest"}), kpro6()
+    )
+    assert plan.vfio is None
+    assert plan.files[MODPROBE_CONF].content is None and not plan.files[MODPROBE_CONF].present
+
+
+def test_the_vms_boards_on_nvidia_move_live_with_all_their_functions() -> None:
+    facts = kpro6()
+    plan = make_plan("kpro6", vm_spec(), facts)
+    assert misbound(plan.gpus, facts) == [
+        ("0000:c1:00.0", "vfio-pci"),
+        ("0000:e1:00.0", "vfio-pci"),
+    ]
+    assert board_functions(plan.gpus, facts, "C1:00.0") == ("0000:c1:00.0", "0000:c1:00.1")
+    with pytest.raises(ValueError, match="is not a GPU of this host"):
+        board_functions(plan.gpus, facts, "0000:42:00.0")
+    # a GPU planned back on the host but held by vfio-pci now moves back to nvidia
+    back = make_plan(
+        "kpro6", spec({"kind": "lxc", "ctid": 200, "name": "ct", "gpus": "rest"}), facts
+    )
+    vfio_now = replace(back.gpus[6], driver_now="vfio-pci")
+    assert misbound([*back.gpus[:6], vfio_now, back.gpus[7]], facts) == [("0000:c1:00.0", "nvidia")]
+
+
+def test_only_addresses_the_strict_grammar_accepts_reach_the_script() -> None:
+    with pytest.raises(ValueError, match="is not a PCI address"):
+        plan_vfio({129: ("0000:c1:00.0; reboot",)}, {})
+    assert plan_vfio({}, {}) is None
+    binding = plan_vfio({129: ("C1:00.0",)}, {"0000:c1:00.0": "030000"})
+    assert binding == VfioBinding(("0000:c1:00.0",), ("nvidia", "nouveau", "nvidiafb"))
+
+
+def test_the_claim_binds_unbound_functions_and_probes_them(tmp_path: Path) -> None:
+    """The rendered install command, run by /bin/sh as kmod's command_do would, with /sys and
+    /sbin/modprobe relocated into tmp_path."""
+    binding = VfioBinding(("0000:c1:00.0", "0000:c1:00.1", "0000:e1:00.0"), ("nvidia",))
+    sysfs = tmp_path / "sys/bus/pci"
+    for bdf in ("0000:c1:00.0", "0000:c1:00.1"):
+        (sysfs / "devices" / bdf).mkdir(parents=True)
+        (sysfs / "devices" / bdf / "driver_override").write_text("(null)\n")
+    (sysfs / "devices/0000:c1:00.1/driver").mkdir()  # bound already: not probed again
+    (sysfs / "drivers_probe").write_text("")
+    log = tmp_path / "modprobe.log"
+    stub = tmp_path / "modprobe"
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    stub.chmod(0o755)
+    line = next(
+        line for line in modprobe_conf_text(binding).splitlines() if line.startswith("install ")
+    )
+    command = line.split(" ", 2)[2].replace("$CMDLINE_OPTS", "NVreg_X=1")
+    command = command.replace("/sys/", f"{tmp_path}/sys/").replace("/sbin/modprobe", str(stub))
+    run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    for bdf in ("0000:c1:00.0", "0000:c1:00.1"):
+        assert (sysfs / "devices" / bdf / "driver_override").read_text() == "vfio-pci\n"
+    assert log.read_text() == "vfio-pci\n--ignore-install nvidia NVreg_X=1\n"
+    assert (sysfs / "drivers_probe").read_text() == "0000:c1:00.0\n"  # e1:00.0 is not on the bus
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {log}; exit 1\n')  # vfio-pci cannot load
+    log.unlink()
+    run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False)
+    assert run.returncode == 1
+    assert log.read_text() == "vfio-pci\n"  # and nvidia is not inserted
+
+
+def test_a_move_killed_halfway_is_finished_by_the_next_run() -> None:
+    facts = kpro6()
+    for bdf in ("0000:c1:00.0", "0000:c1:00.1"):  # override written, unbound, never probed
+        facts.pci[bdf] = replace(facts.pci[bdf], driver=None, driver_override="vfio-pci")
+    plan = make_plan("kpro6", vm_spec(), facts)
+    assert ("0000:c1:00.0", "vfio-pci") in misbound(plan.gpus, facts)
+    for bdf in ("0000:c1:00.0", "0000:c1:00.1"):  # unbound without an override: the boot's
+        facts.pci[bdf] = replace(facts.pci[bdf], driver_override=None)
+    plan = make_plan("kpro6", vm_spec(), facts)
+    assert ("0000:c1:00.0", "vfio-pci") not in misbound(plan.gpus, facts)
