@@ -411,14 +411,13 @@ FABRICMANAGER_QUERY = (
 
 
 class NvidiaFabricManager(FactBase[FabricManager]):
-    """Returns the installed nvidia-fabricmanager version and whether its service is active.
-    The audit's command, kept as the real captures recorded it (tests/fixtures/captures): the
-    deploy reads the package more strictly, with FABRICMANAGER_QUERY (facts/driver_install.py)."""
+    """Returns the installed nvidia-fabricmanager version (FABRICMANAGER_QUERY: an installed
+    nvidia-fabricmanager[-N], not -dev, not a removed package's record) and whether its
+    service is active."""
 
     def command(self) -> str:
         return (
-            "v=$(dpkg-query -W -f '${Version}' 'nvidia-fabricmanager*' 2>/dev/null | head -c 64); "
-            'echo "package=$v"; '
+            f'v=$({FABRICMANAGER_QUERY}); echo "package=$v"; '
             'echo "active=$(systemctl is-active nvidia-fabricmanager.service 2>/dev/null)"'
         )
 
