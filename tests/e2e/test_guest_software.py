@@ -1,0 +1,180 @@
+"""Guest software on a kpro6 twin's container 200, deployed with the real pyinfra CLI.
+
+CUDA 12.8 and 13.0 come from a signed stand-in of NVIDIA's repository (twin/cudarepo.py, served
+over http; the deploy only knows its URL and key from the spec); the venv is real uv with real
+packages from the package index this machine is configured with, `pluggy` standing in for
+torch (pinned) and `pytest` for a package that depends on it; the service is a real
+`python -m http.server` from the venv, run by the twin guest's service manager.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuhost.inventory import load_inventory
+from tests.e2e.conftest import PYINFRA, ROOT, Deploy, with_driver
+from twin import cudarepo
+from twin.pytest_plugin import TwinHandle
+
+pytestmark = pytest.mark.twin
+VERSION = "595.71.05"
+SPEC = load_inventory(ROOT / "inventory/kpro6.py")["kpro6"][0].model_dump(mode="json")
+CT200 = "arch: amd64\nhostname: ct200\nostype: debian\n"
+PIN = "pluggy==1.5.0"  # the torch of this test: pinned, and pytest depends on it
+VENV = "/opt/venvs/serve"
+
+
+@dataclass
+class Site:
+    twin: TwinHandle
+    inv: Path
+    spec: dict
+    repo: cudarepo.Repo
+    url: str
+
+    def guest(self, command: str) -> tuple[int, str, str]:
+        return self.twin.run(f"pct exec 200 -- sh -c {quote(command)}")
+
+    def write(self, spec: dict) -> None:
+        write_inventory(self.inv, self.twin, spec)
+
+
+def quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def write_inventory(path: Path, twin: TwinHandle, spec: dict) -> None:
+    path.write_text(
+        "from gpuhost.inventory import gpu_host\n"
+        "from gpuhost.guestinventory import guests_of\n"
+        f"hosts = [gpu_host({twin.name!r}, {spec!r}, ssh_hostname={twin.address!r}, "
+        f"ssh_user='root', ssh_key={str(twin.key)!r}, ssh_known_hosts_file={str(twin.known_hosts)!r}, "
+        "ssh_strict_host_key_checking='yes')]\n"
+        "guests = [g for g in guests_of(hosts[0]) if g[0] == 'ct200']\n"
+    )
+
+
+def guest_spec(site_spec: dict, twin: TwinHandle, repo: cudarepo.Repo, url: str, **ct) -> dict:
+    spec = copy.deepcopy(site_spec)
+    spec["guests"] = [g for g in spec["guests"] if g["kind"] == "lxc"]  # the node has CT 200 only
+    for guest in spec["guests"]:
+        if guest["kind"] == "lxc":
+            guest.update(
+                {
+                    "access": {"ssh_hostname": twin.twin.guest_address(200)},
+                    "privileged": True,
+                    "cuda": ["12.8", "13.0"],
+                    "cuda_default": "12.8",
+                    "cuda_repo": {"url": url, "keyring": str(repo.key)},
+                    "venvs": [
+                        {
+                            "path": VENV,
+                            "python": "3.11",  # the guest's system python (Debian 12)
+                            "cuda": "12.8",
+                            "packages": ["pytest==8.3.3"],
+                            "constraints": [PIN],
+                            "env": {"NCCL_ALGO": "Ring"},
+                            "service": {
+                                "name": "web",
+                                "command": [
+                                    "python",
+                                    "-m",
+                                    "http.server",
+                                    "8088",
+                                    f"--bind={twin.twin.guest_address(200)}",
+                                ],
+                            },
+                        }
+                    ],
+                    **ct,
+                }
+            )
+    return spec
+
+
+def changed(deploy: Deploy) -> int:
+    """Operations with changes in pyinfra's results: the Success column of the Grand total."""
+    (total,) = [line.split() for line in deploy.output.splitlines() if "Grand total" in line]
+    hosts, success, error, no_change = total[-4:]
+    return 0 if success == "-" else int(success)
+
+
+def run(site: Site, *args: str) -> Deploy:
+    proc = subprocess.run(
+        [str(PYINFRA), *(args or ["-y"]), str(site.inv), "deploys/gpu_guest.py", "--limit", "ct200"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return Deploy(proc.returncode, proc.stdout + proc.stderr)
+
+
+@pytest.fixture(scope="module")
+def site(twin_fleet, modules, tmp_path_factory) -> Iterator[Site]:
+    (twin,) = twin_fleet.start(1, "kpro6")
+    tmp = tmp_path_factory.mktemp("guestsw")
+    try:
+        with_driver(twin, modules, VERSION)
+        rc, _, err = twin.run(
+            f"mkdir -p /etc/pve/lxc && printf '{CT200}' > /etc/pve/lxc/200.conf && pct start 200"
+        )
+        assert rc == 0, err
+        repo = cudarepo.build(tmp / "cuda", ["12.8", "13.0"])
+        with cudarepo.serve(repo.root) as url:
+            spec = guest_spec(SPEC, twin, repo, url)
+            site = Site(twin, tmp / "kpro6.py", spec, repo, url)
+            site.write(spec)
+            yield site
+    finally:
+        twin_fleet.stop(twin)
+
+
+def test_toolkits_venv_env_and_service_converge_and_rerun_changes_nothing(site: Site) -> None:
+    first = run(site)
+    assert first.rc == 0, first.output[-4000:]
+    # two toolkits side by side, the spec's default behind /usr/local/cuda
+    for version, release in (("12.8", "12.8.1"), ("13.0", "13.0.2")):
+        rc, out, _ = site.guest(f"/usr/local/cuda-{version}/bin/nvcc --version")
+        assert rc == 0 and f"release {version}, V{release}" in out, out
+    rc, out, _ = site.guest("readlink -f /usr/local/cuda; dpkg-query -W cuda-toolkit-12-8 cuda-toolkit-13-0")
+    assert out.splitlines()[0] == "/usr/local/cuda-12.8", out
+    assert "cuda-toolkit-12-8\t12.8.1-1" in out and "cuda-toolkit-13-0\t13.0.2-1" in out, out
+    # the venv: real uv, the pin held, the import check passed, CUDA_HOME and NCCL in activation
+    rc, out, _ = site.guest(
+        f". {VENV}/bin/activate && python -c 'import pluggy, pytest; print(pluggy.__version__)' "
+        "&& echo CUDA_HOME=$CUDA_HOME MAX_JOBS=$MAX_JOBS NCCL_IB_DISABLE=$NCCL_IB_DISABLE "
+        "NCCL_ALGO=$NCCL_ALGO UV_CONSTRAINT=$UV_CONSTRAINT && which nvcc"
+    )
+    assert rc == 0, out
+    assert out.splitlines()[0] == "1.5.0", out
+    assert "CUDA_HOME=/usr/local/cuda-12.8" in out and "NCCL_IB_DISABLE=1" in out, out
+    assert "NCCL_ALGO=Ring" in out and "/usr/local/cuda-12.8/bin/nvcc" in out, out
+    # a login shell has the guest's environment from the Plan
+    rc, out, _ = site.guest("env -i HOME=/root PATH=/usr/bin:/bin sh -lc env")
+    assert "NCCL_IB_DISABLE=1" in out and "MAX_JOBS=" in out, out
+    # the service runs from the venv with its environment
+    rc, pid, _ = site.guest("systemctl show -p MainPID --value gpuhost-web.service || systemctl show -p MainPID gpuhost-web.service")
+    pid = pid.strip().removeprefix("MainPID=")
+    assert rc == 0 and pid.isdigit() and pid != "0", pid
+    rc, environ, _ = site.guest(f"tr '\\0' '\\n' < /proc/{pid}/environ")
+    assert "CUDA_HOME=/usr/local/cuda-12.8" in environ and "NCCL_IB_DISABLE=1" in environ
+    address = site.twin.twin.guest_address(200)
+    rc, out, _ = site.guest(
+        f"python3 -c \"import urllib.request as u; print(u.urlopen('http://{address}:8088/').status)\""
+    )
+    assert out.strip() == "200", out
+
+    second = run(site)
+    assert second.rc == 0, second.output[-3000:]
+    assert changed(second) == 0, second.output[-3000:]
+    rc, again, _ = site.guest("systemctl show -p MainPID gpuhost-web.service")
+    assert again.strip().removeprefix("MainPID=") == pid  # not restarted
