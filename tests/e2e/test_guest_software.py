@@ -109,7 +109,14 @@ def changed(deploy: Deploy) -> int:
 
 def run(site: Site, *args: str) -> Deploy:
     proc = subprocess.run(
-        [str(PYINFRA), *(args or ["-y"]), str(site.inv), "deploys/gpu_guest.py", "--limit", "ct200"],
+        [
+            str(PYINFRA),
+            *(args or ["-y"]),
+            str(site.inv),
+            "deploys/gpu_guest.py",
+            "--limit",
+            "ct200",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -145,7 +152,9 @@ def test_toolkits_venv_env_and_service_converge_and_rerun_changes_nothing(site: 
     for version, release in (("12.8", "12.8.1"), ("13.0", "13.0.2")):
         rc, out, _ = site.guest(f"/usr/local/cuda-{version}/bin/nvcc --version")
         assert rc == 0 and f"release {version}, V{release}" in out, out
-    rc, out, _ = site.guest("readlink -f /usr/local/cuda; dpkg-query -W cuda-toolkit-12-8 cuda-toolkit-13-0")
+    rc, out, _ = site.guest(
+        "readlink -f /usr/local/cuda; dpkg-query -W cuda-toolkit-12-8 cuda-toolkit-13-0"
+    )
     assert out.splitlines()[0] == "/usr/local/cuda-12.8", out
     assert "cuda-toolkit-12-8\t12.8.1-1" in out and "cuda-toolkit-13-0\t13.0.2-1" in out, out
     # the venv: real uv, the pin held, the import check passed, CUDA_HOME and NCCL in activation
@@ -162,7 +171,9 @@ def test_toolkits_venv_env_and_service_converge_and_rerun_changes_nothing(site: 
     rc, out, _ = site.guest("env -i HOME=/root PATH=/usr/bin:/bin sh -lc env")
     assert "NCCL_IB_DISABLE=1" in out and "MAX_JOBS=" in out, out
     # the service runs from the venv with its environment
-    rc, pid, _ = site.guest("systemctl show -p MainPID --value gpuhost-web.service || systemctl show -p MainPID gpuhost-web.service")
+    rc, pid, _ = site.guest(
+        "systemctl show -p MainPID --value gpuhost-web.service || systemctl show -p MainPID gpuhost-web.service"
+    )
     pid = pid.strip().removeprefix("MainPID=")
     assert rc == 0 and pid.isdigit() and pid != "0", pid
     rc, environ, _ = site.guest(f"tr '\\0' '\\n' < /proc/{pid}/environ")
@@ -178,3 +189,97 @@ def test_toolkits_venv_env_and_service_converge_and_rerun_changes_nothing(site: 
     assert changed(second) == 0, second.output[-3000:]
     rc, again, _ = site.guest("systemctl show -p MainPID gpuhost-web.service")
     assert again.strip().removeprefix("MainPID=") == pid  # not restarted
+
+
+def service_pid(site: Site) -> str:
+    rc, out, _ = site.guest("systemctl show -p MainPID gpuhost-web.service")
+    assert rc == 0, out
+    return out.strip().removeprefix("MainPID=")
+
+
+def test_a_changed_environment_restarts_the_service_once(site: Site) -> None:
+    assert run(site).rc == 0
+    before = service_pid(site)
+    spec = copy.deepcopy(site.spec)
+    (ct,) = [g for g in spec["guests"] if g["kind"] == "lxc"]
+    ct["venvs"][0]["env"] = {"NCCL_ALGO": "Tree"}
+    site.write(spec)
+    try:
+        result = run(site)
+        assert result.rc == 0, result.output[-3000:]
+        assert "restart (its unit, environment or venv changed since it started)" in result.output
+        after = service_pid(site)
+        assert after != before
+        rc, environ, _ = site.guest(f"tr '\\0' '\\n' < /proc/{after}/environ")
+        assert "NCCL_ALGO=Tree" in environ, environ
+        again = run(site)
+        assert again.rc == 0 and changed(again) == 0, again.output[-3000:]
+        assert service_pid(site) == after
+    finally:
+        site.write(site.spec)
+        assert run(site).rc == 0
+
+
+def test_a_package_that_would_move_the_pin_is_refused_and_the_venv_kept(site: Site) -> None:
+    assert run(site).rc == 0
+    spec = copy.deepcopy(site.spec)
+    (ct,) = [g for g in spec["guests"] if g["kind"] == "lxc"]
+    ct["venvs"][0]["constraints"] = ["pluggy==1.4.0"]  # pytest 8.3.3 needs pluggy>=1.5
+    site.write(spec)
+    try:
+        result = run(site)
+        assert result.rc != 0, result.output[-3000:]
+        out = result.output
+        assert "refused: a package would move a pin" in out, out[-3000:]
+        assert "pluggy" in out and "1.4.0" in out and "pytest" in out, out[-3000:]
+        rc, version, _ = site.guest(
+            f"{VENV}/bin/python -c 'import pluggy; print(pluggy.__version__)'"
+        )
+        assert version.strip() == "1.5.0"  # nothing moved
+    finally:
+        site.write(site.spec)
+        assert run(site).rc == 0
+
+
+def test_a_requirement_against_a_pin_is_refused_before_anything_changes(site: Site) -> None:
+    spec = copy.deepcopy(site.spec)
+    (ct,) = [g for g in spec["guests"] if g["kind"] == "lxc"]
+    ct["venvs"][0]["packages"] = ["pytest==8.3.3", "pluggy<1.5"]
+    site.write(spec)
+    try:
+        result = run(site)
+        assert result.rc != 0
+        assert "would move pinned pluggy from 1.5.0" in result.output, result.output[-2000:]
+        assert "Beginning operation run" not in result.output
+    finally:
+        site.write(site.spec)
+
+
+def test_a_toolkit_the_host_driver_cannot_run_is_refused(twin_fleet, modules, tmp_path) -> None:
+    (twin,) = twin_fleet.start(1, "kpro6")
+    try:
+        with_driver(twin, modules, "575.64.05")  # CUDA 13.0 needs the 580 branch
+        rc, _, err = twin.run(
+            f"mkdir -p /etc/pve/lxc && printf '{CT200}' > /etc/pve/lxc/200.conf && pct start 200"
+        )
+        assert rc == 0, err
+        repo = cudarepo.build(tmp_path / "cuda", ["12.8", "13.0"])
+        spec = guest_spec(SPEC, twin, repo, "http://127.0.0.1:9/")
+        spec["driver"]["version"] = "575.64.05"
+        (ct,) = [g for g in spec["guests"] if g["kind"] == "lxc"]
+        ct["cuda"], ct["cuda_default"], ct["venvs"] = ["12.8"], None, []
+        site = Site(twin, tmp_path / "kpro6.py", spec, repo, "")
+        site.write(spec)  # the spec itself allows 12.8 with 575
+        ct["cuda"] = ["12.8", "13.0"]
+        spec["driver"]["version"] = "595.71.05"  # the spec says 595, the host runs 575
+        site.write(spec)
+        result = run(site)
+        assert result.rc != 0
+        assert (
+            "CUDA 13.0 needs an NVIDIA driver of branch 580 or newer, but the host driver is "
+            "575.64.05" in result.output
+        ), result.output[-2000:]
+        rc, out, _ = site.guest("ls /etc/apt/sources.list.d/; dpkg-query -W 'cuda-*' 2>&1")
+        assert "gpuhost-cuda" not in out and "cuda-toolkit" not in out  # nothing was installed
+    finally:
+        twin_fleet.stop(twin)
