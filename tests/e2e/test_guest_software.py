@@ -103,7 +103,7 @@ def guest_spec(site_spec: dict, twin: TwinHandle, repo: cudarepo.Repo, url: str,
 def changed(deploy: Deploy) -> int:
     """Operations with changes in pyinfra's results: the Success column of the Grand total."""
     (total,) = [line.split() for line in deploy.output.splitlines() if "Grand total" in line]
-    hosts, success, error, no_change = total[-4:]
+    _hosts, success, _error, _no_change = total[-4:]
     return 0 if success == "-" else int(success)
 
 
@@ -210,7 +210,7 @@ def test_a_changed_environment_restarts_the_service_once(site: Site) -> None:
         assert "restart (its unit, environment or venv changed since it started)" in result.output
         after = service_pid(site)
         assert after != before
-        rc, environ, _ = site.guest(f"tr '\\0' '\\n' < /proc/{after}/environ")
+        _rc, environ, _ = site.guest(f"tr '\\0' '\\n' < /proc/{after}/environ")
         assert "NCCL_ALGO=Tree" in environ, environ
         again = run(site)
         assert again.rc == 0 and changed(again) == 0, again.output[-3000:]
@@ -232,7 +232,7 @@ def test_a_package_that_would_move_the_pin_is_refused_and_the_venv_kept(site: Si
         out = result.output
         assert "refused: a package would move a pin" in out, out[-3000:]
         assert "pluggy" in out and "1.4.0" in out and "pytest" in out, out[-3000:]
-        rc, version, _ = site.guest(
+        _rc, version, _ = site.guest(
             f"{VENV}/bin/python -c 'import pluggy; print(pluggy.__version__)'"
         )
         assert version.strip() == "1.5.0"  # nothing moved
