@@ -7,9 +7,7 @@ change; a converged guest costs that one read (and the node's) and no per-item p
 
 from __future__ import annotations
 
-import hashlib
 import io
-import platform
 import shlex
 from pathlib import Path
 
@@ -22,9 +20,9 @@ from deploys import context
 from deploys.ops import _show_diff, write_command
 from facts.guestsoft import STAMP, UV_PATH, GuestFacts, commands, parse_guest
 from facts.snapshot import Combined
+from gpuhost.guestcontrol import control_for
 from gpuhost.guestinventory import GuestEntry
 from gpuhost.guestplan import (
-    Control,
     GuestPlan,
     GuestPlanError,
     ServicePlan,
@@ -33,7 +31,6 @@ from gpuhost.guestplan import (
     planned_paths,
     render_guest_plan,
 )
-from gpuhost.indexconf import control_indexes
 from gpuhost.inventory import GUEST_KEY, SOURCE_KEY, SPEC_KEY
 from gpuhost.plan import ManagedFile, PlanError, make_plan
 from gpuhost.spec_guests import LxcGuest
@@ -69,30 +66,6 @@ def guest_facts(host: Host) -> GuestFacts:
     return _facts[key]
 
 
-def _control(guest: LxcGuest) -> Control:
-    import uv  # the control machine's uv, a gpuhost dependency
-
-    try:
-        uv_path: str | None = uv.find_uv_bin()
-    except FileNotFoundError:
-        uv_path = None
-    sha = hashlib.sha256(Path(uv_path).read_bytes()).hexdigest() if uv_path else None
-    keyring, error = None, None
-    if guest.cuda_repo is not None:
-        try:
-            keyring = Path(guest.cuda_repo.keyring).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            error = f"cannot read it on the control machine ({type(exc).__name__})"
-    indexes = control_indexes()
-    index_ca = None
-    if indexes.cert:
-        try:
-            index_ca = Path(indexes.cert).read_text()
-        except (OSError, UnicodeDecodeError):
-            index_ca = None  # uv in the guest then trusts its own CA store
-    return Control(platform.machine(), uv_path, sha, keyring, error, indexes, index_ca)
-
-
 def guest_plan(host: Host) -> GuestPlan:
     """The guest's software plan (made and printed once per run); refused before any change."""
     key = _key(host)
@@ -101,13 +74,16 @@ def guest_plan(host: Host) -> GuestPlan:
         node = state.inventory.get_host(entry.node_host)
         try:  # the node's Plan, not printed: only its environment for this guest is used
             node_plan = make_plan(
-                node.name, node.data.get(SPEC_KEY), context.observed(node), node.data.get(SOURCE_KEY)
+                node.name,
+                node.data.get(SPEC_KEY),
+                context.observed(node),
+                node.data.get(SOURCE_KEY),
             )
         except PlanError as exc:
             raise DeployError(f"{host.name}: its node's plan is refused:\n{exc}") from None
         env = node_plan.guest_env.get(owner_of_guest(guest), {})
         try:
-            made = make_guest_plan(host.name, guest, env, guest_facts(host), _control(guest))
+            made = make_guest_plan(host.name, guest, env, guest_facts(host), control_for(guest))
         except GuestPlanError as exc:
             raise DeployError(str(exc)) from None
         logger.info(f"{host.print_prefix}\n{render_guest_plan(made)}")

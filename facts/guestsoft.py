@@ -39,6 +39,7 @@ class VenvState:
     stamp: str | None
     hooked: bool  # bin/activate sources gpuhost-env.sh
     dists: dict[str, str] = field(default_factory=dict)  # normalised name -> version
+    imports: str | None = None  # the audit's import probe: "ok", or the error; None: not run
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class ServiceState:
     enabled: str  # UnitFileState
     pid: int  # MainPID (0: none)
     stamp: str | None
+    environ: dict[str, str] = field(default_factory=dict)  # /proc/<MainPID>/environ
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class GuestFacts:
     uv_sha256: str | None
     venvs: dict[str, VenvState]
     services: dict[str, ServiceState]
+    cuda_versions: dict[str, str] = field(default_factory=dict)  # prefix -> version.json's cuda
 
 
 def normalise(name: str) -> str:
@@ -91,6 +94,12 @@ ALTERNATIVES = (
     'echo "alt $(readlink /etc/alternatives/cuda)"; echo "link $(readlink /usr/local/cuda)"'
 )
 UV = f"sha256sum {UV_PATH} 2>/dev/null || true"
+# Each toolkit's own version, from the version.json NVIDIA's toolkits carry (CUDA >= 11.1).
+CUDA_VERSIONS = (
+    'for d in /usr/local/cuda-*; do if [ -f "$d/version.json" ]; then '
+    'python3 -c \'import json, sys; print(sys.argv[1], json.load(open(sys.argv[1] + "/version.json"))'
+    '["cuda"]["version"])\' "$d" 2>/dev/null; fi; done; true'
+)
 _LIST_DISTS = (
     "import importlib.metadata as m\n"
     "for d in m.distributions():\n"
@@ -98,9 +107,17 @@ _LIST_DISTS = (
 )
 
 
-def venv_command(path: str) -> str:
+def venv_command(path: str, imports: tuple[str, ...] = ()) -> str:
+    """The venv's state; with ``imports`` (the audit) also whether they import."""
     p = shlex.quote(path)
-    return (
+    probe = ""
+    if imports:
+        code = shlex.quote("import " + ", ".join(imports))
+        probe = (
+            f"if [ -x {p}/bin/python ]; then if err=$({p}/bin/python -c {code} 2>&1); then "
+            'echo "imports ok"; else echo "imports $(printf %s "$err" | tail -n 1)"; fi; fi; '
+        )
+    return probe + (
         f"if [ -e {p} ]; then echo exists; fi; "
         f"if [ -f {p}/pyvenv.cfg ]; then sed -n 's/^version\\(_info\\)\\? *= */python /p' {p}/pyvenv.cfg; fi; "
         f'if [ -f {p}/{STAMP} ]; then echo "stamp $(cat {p}/{STAMP})"; fi; '
@@ -115,14 +132,21 @@ def service_command(name: str) -> str:
     stamp = shlex.quote(f"{SERVICE_STAMPS}/service-{name}.stamp")
     return (
         f"systemctl show -p ActiveState -p UnitFileState -p MainPID {unit} 2>/dev/null; "
-        f'if [ -f {stamp} ]; then echo "stamp=$(cat {stamp})"; fi; true'
+        f'if [ -f {stamp} ]; then echo "stamp=$(cat {stamp})"; fi; '
+        f"pid=$(systemctl show -p MainPID {unit} 2>/dev/null | cut -d= -f2); "
+        'if [ -n "$pid" ] && [ "$pid" != 0 ]; then tr "\\0" "\\n" < /proc/$pid/environ '
+        "| sed 's/^/environ /'; fi; true"
     )
 
 
 def commands(
-    paths: tuple[str, ...], venvs: tuple[str, ...], services: tuple[str, ...]
+    paths: tuple[str, ...],
+    venvs: tuple[str, ...],
+    services: tuple[str, ...],
+    imports: dict[str, tuple[str, ...]] | None = None,
 ) -> tuple[tuple[str, str, str | None], ...]:
-    """``(key, command, tool)`` for :class:`facts.snapshot.Combined`."""
+    """``(key, command, tool)`` for :class:`facts.snapshot.Combined`; ``imports`` (venv ->
+    modules) adds the audit's import probes."""
     out = [
         ("driver", "cat /proc/driver/nvidia/version 2>/dev/null || true", None),
         ("system", SYSTEM, None),
@@ -130,8 +154,10 @@ def commands(
         ("toolkits", TOOLKITS, None),
         ("alternatives", ALTERNATIVES, None),
         ("uv", UV, None),
+        ("cuda_versions", CUDA_VERSIONS, None),
     ]
-    out += [(f"venv:{path}", venv_command(path), None) for path in venvs]
+    imports = imports or {}
+    out += [(f"venv:{p}", venv_command(p, imports.get(p, ())), None) for p in venvs]
     out += [(f"service:{name}", service_command(name), None) for name in services]
     return tuple(out)
 
@@ -177,7 +203,7 @@ def parse_uv(lines: list[str]) -> str | None:
 
 
 def parse_venv(lines: list[str]) -> VenvState:
-    python, stamp, hooked, exists = None, None, False, False
+    python, stamp, hooked, exists, imports = None, None, False, False, None
     dists: dict[str, str] = {}
     for line in lines:
         key, _, rest = line.partition(" ")
@@ -189,15 +215,26 @@ def parse_venv(lines: list[str]) -> VenvState:
             stamp = rest.strip() or None
         elif key == "hooked":
             hooked = True
+        elif key == "imports":
+            imports = rest.strip()
         elif key == "dist":
             match = _DIST.fullmatch(rest.strip())
             if match:
                 dists[normalise(match["name"])] = match["version"]
-    return VenvState(python, exists, stamp, hooked, dists)
+    return VenvState(python, exists, stamp, hooked, dists, imports)
 
 
 def parse_service(lines: list[str]) -> ServiceState:
-    values = dict(line.partition("=")[::2] for line in lines if "=" in line)
+    environ = dict(
+        line.removeprefix("environ ").partition("=")[::2]
+        for line in lines
+        if line.startswith("environ ") and "=" in line
+    )
+    values = dict(
+        line.partition("=")[::2]
+        for line in lines
+        if "=" in line and not line.startswith("environ ")
+    )
     try:
         pid = int(values.get("MainPID") or 0)
     except ValueError:
@@ -207,6 +244,7 @@ def parse_service(lines: list[str]) -> ServiceState:
         values.get("UnitFileState", ""),
         pid,
         values.get("stamp") or None,
+        environ,
     )
 
 
@@ -228,4 +266,7 @@ def parse_guest(raw: dict[str, tuple[int, list[str]]]) -> GuestFacts:
         uv_sha256=parse_uv(lines("uv")),
         venvs={k[5:]: parse_venv(lines(k)) for k in raw if k.startswith("venv:")},
         services={k[8:]: parse_service(lines(k)) for k in raw if k.startswith("service:")},
+        cuda_versions=dict(
+            line.split(" ", 1) for line in lines("cuda_versions") if line.count(" ") == 1
+        ),
     )

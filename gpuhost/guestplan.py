@@ -248,6 +248,17 @@ def _toolkit_problems(guest: LxcGuest, facts: GuestFacts) -> list[str]:
     ]
 
 
+def _imports(venv: Venv, pins: dict[str, str]) -> tuple[str, ...]:
+    if venv.imports is not None:
+        return tuple(venv.imports)
+    return tuple(n.replace("-", "_") for n in pins)
+
+
+def venv_imports(guest: LxcGuest) -> list[tuple[str, ...]]:
+    """Per venv, the modules its import check imports."""
+    return [_imports(v, _pins(v)) for v in guest.venvs]
+
+
 def _config_dir(venv: Venv) -> str:
     return f"{VENV_CONFIG}{venv.path}"
 
@@ -353,9 +364,7 @@ def make_guest_plan(
         ]
         req_text = HEADER.format(what=f"requirements of {venv.path}") + "\n".join(requirements)
         con_text = HEADER.format(what=f"pins of {venv.path}") + "\n".join(venv.constraints)
-        imports = tuple(
-            venv.imports if venv.imports is not None else [n.replace("-", "_") for n in pins]
-        )
+        imports = _imports(venv, pins)
         stamp = _digest(venv.python, req_text, con_text, uv_toml, " ".join(imports))
         cuda_home = Toolkit(venv.cuda).prefix if venv.cuda else None
         venv_env = {

@@ -283,3 +283,47 @@ def test_a_toolkit_the_host_driver_cannot_run_is_refused(twin_fleet, modules, tm
         assert "gpuhost-cuda" not in out and "cuda-toolkit" not in out  # nothing was installed
     finally:
         twin_fleet.stop(twin)
+
+
+SOFTWARE_CHECKS = ("ct.toolkits", "ct.venvs", "ct.environment", "ct.services")
+
+
+def software_audit(site: Site) -> dict[str, list[str]]:
+    """check id -> the 'found' of each finding, for the guest software checks (through pct exec)."""
+    from gpuhost.audit.plugin import Target, _runner, _testinfra_host
+    from gpuhost.audit.run import audit_all, read_host
+
+    name, (spec, data) = next(iter(load_inventory(site.inv).items()))
+    target = Target(name, spec, data, f"ssh://root@{site.twin.address}:22", str(site.inv))
+    host = read_host(name, spec, _runner(_testinfra_host(target)), None, (4096,))
+    outcomes = {o.check.id: o for o in audit_all(host) if o.check.id in SOFTWARE_CHECKS}
+    assert sorted(outcomes) == sorted(SOFTWARE_CHECKS)
+    assert all(o.status != "skipped" for o in outcomes.values()), {
+        k: o.skipped for k, o in outcomes.items()
+    }
+    return {k: [f.found for f in o.findings] for k, o in outcomes.items() if o.findings}
+
+
+def test_the_audit_passes_and_each_planted_defect_fails_with_its_finding(site: Site) -> None:
+    assert run(site).rc == 0
+    assert software_audit(site) == {}
+    ca = "SSL_CERT_FILE=/etc/gpuhost/index-ca.pem"
+    defects = {
+        "ct.toolkits": "update-alternatives --set cuda /usr/local/cuda-13.0",
+        "ct.venvs": f"{ca} uv pip install -q --python {VENV}/bin/python pluggy==1.6.0",
+        "ct.environment": "sed -i s/NCCL_IB_DISABLE=.1./NCCL_IB_DISABLE=0/ /etc/profile.d/gpuhost-env.sh",
+        "ct.services": "systemctl stop gpuhost-web.service",
+    }
+    for check_id, command in defects.items():
+        rc, out, err = site.guest(command)
+        assert rc == 0, out + err
+    failed = software_audit(site)
+    assert sorted(failed) == sorted(defects), failed
+    assert failed["ct.toolkits"] == ["-> /etc/alternatives/cuda -> /usr/local/cuda-13.0"]
+    assert failed["ct.venvs"] == ["1.6.0"]
+    assert failed["ct.environment"] == ["0", "different content"]
+    assert failed["ct.services"] == ["inactive"]
+    # the next deploy converges back from every defect, and the audit passes again
+    result = run(site)
+    assert result.rc == 0, result.output[-3000:]
+    assert software_audit(site) == {}

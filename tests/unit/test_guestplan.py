@@ -188,7 +188,7 @@ def test_what_makes_a_venv_install_or_a_service_restart() -> None:
 
 
 def test_spec_grammar_for_guest_software() -> None:
-    with pytest.raises(ValidationError, match="cuda_default '12.9' is not in cuda"):
+    with pytest.raises(ValidationError, match=r"cuda_default '12\.9' is not in cuda"):
         guest(cuda_default="12.9")
     with pytest.raises(ValidationError, match="not an apt repository URL"):
         guest(cuda_repo={"url": "https://repo.test/cuda;rm -rf /", "keyring": "/k"})
