@@ -47,5 +47,5 @@ def provision() -> None:
         trial_boot.trial(plan)
 
 
-if GUEST_KEY not in host.data:  # guest hosts (gpuhost.guestinventory) are not GPU hosts
+if host.data.get(GUEST_KEY) is None:  # guest hosts (gpuhost.guestinventory) are not GPU hosts
     provision()
