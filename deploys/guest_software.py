@@ -110,7 +110,10 @@ def guest_file(item: ManagedFile):
         yield FileUploadCommand(io.BytesIO(item.content.encode()), tmp)
         yield f"chmod {item.mode} {shlex.quote(tmp)} && mv -fT {shlex.quote(tmp)} {shlex.quote(item.path)}"
         return
-    _show_diff(item.path, current, item.content)
+    if item.mode == "600":  # holds secret-named variables: never printed
+        host.log(f"Will write {item.path} (root only; its content is not shown)", logger.info)
+    else:
+        _show_diff(item.path, current, item.content)
     yield write_command(item)
 
 
@@ -133,7 +136,8 @@ def toolkits(plan: GuestPlan, sources: str):
     only = APT_ONLY_CUDA.format(sources=shlex.quote(sources))
     packages = " ".join(shlex.quote(p) for p in plan.install_toolkits)
     yield (
-        f"export DEBIAN_FRONTEND=noninteractive && apt-get update -q {only} && "
+        # dpkg --configure -a: a run killed inside dpkg leaves packages half-configured
+        f"export DEBIAN_FRONTEND=noninteractive && dpkg --configure -a && apt-get update -q {only} && "
         f"apt-get install -y -q --no-install-recommends {packages}"
     )
 

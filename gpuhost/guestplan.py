@@ -26,6 +26,7 @@ from facts.guestsoft import (
 from gpuhost.grammar import CUDA_MIN_DRIVER
 from gpuhost.indexconf import IndexConfig
 from gpuhost.plan import ManagedFile
+from gpuhost.redact import is_secret_name
 from gpuhost.spec_guests import LxcGuest, Venv
 
 KEYRING = "/etc/apt/keyrings/gpuhost-cuda.asc"
@@ -319,7 +320,10 @@ def make_guest_plan(
     jobs, rule = max_jobs(
         facts.system.cpus, facts.system.mem_total, facts.system.mem_limit, guest.build_job_gib
     )
-    env = {"MAX_JOBS": str(jobs), **host_env}  # the spec's own MAX_JOBS wins
+    full_env = {"MAX_JOBS": str(jobs), **host_env}  # the spec's own MAX_JOBS wins
+    # profile.d is world-readable: secret-named variables (tokens) go to the venvs' root-only
+    # env files only
+    env = {k: v for k, v in full_env.items() if not is_secret_name(k)}
     put(PROFILE, _shell_env(env, f"guest {name}: NCCL/CUDA environment from the Plan"))
 
     indexes = control.indexes
@@ -368,7 +372,7 @@ def make_guest_plan(
         stamp = _digest(venv.python, req_text, con_text, uv_toml, " ".join(imports))
         cuda_home = Toolkit(venv.cuda).prefix if venv.cuda else None
         venv_env = {
-            **env,
+            **full_env,
             "VIRTUAL_ENV": venv.path,
             "UV_CONSTRAINT": f"{config_dir}/constraints.txt",
             **({"CUDA_HOME": cuda_home} if cuda_home else {}),
@@ -377,10 +381,12 @@ def make_guest_plan(
         put(f"{config_dir}/requirements.txt", req_text)
         put(f"{config_dir}/constraints.txt", con_text)
         env_text = _env_file(venv_env, f"environment of {venv.path}")
-        put(f"{config_dir}/env", env_text)
+        mode = "600" if any(is_secret_name(k) for k in venv_env) else "644"
+        put(f"{config_dir}/env", env_text, mode)
         put(
             f"{config_dir}/{HOOK}",
             _shell_env(venv_env, f"environment of {venv.path}, sourced by bin/activate", cuda_home),
+            mode,
         )
         create = None
         if state.python is None:
@@ -437,6 +443,9 @@ def make_guest_plan(
     if problems:
         raise GuestPlanError(name, problems)
     notes = [f"package index left out: {s}" for s in indexes.skipped]
+    hidden = sorted(k for k in full_env if is_secret_name(k))
+    if hidden:
+        notes.append(f"secret-named, in the venvs' root-only env files only: {', '.join(hidden)}")
     extra = sorted(set(facts.toolkits) - {t.package for t in toolkits})
     if extra:
         notes.append(f"toolkits the spec does not name stay installed: {', '.join(extra)}")

@@ -247,3 +247,13 @@ def test_the_guest_fact_parses_one_combined_output() -> None:
     keys = [k for k, _, _ in commands(("/a b",), (VENV,), ("vllm",))]
     assert keys[-2:] == [f"venv:{VENV}", "service:vllm"]
     assert "'/a b'" in commands(("/a b",), (), ())[2][1]  # paths are quoted
+
+
+def test_secret_named_variables_stay_out_of_profile_d_and_the_printed_plan() -> None:
+    g = guest(env={"HF_TOKEN": "hf_abc123", "NCCL_ALGO": "Ring"})
+    plan = make_guest_plan("ct200", g, dict(g.env), facts(), CONTROL)
+    assert "HF_TOKEN" not in plan.files[PROFILE].content
+    env = plan.files[f"/etc/gpuhost/venvs{VENV}/env"]
+    assert "HF_TOKEN=hf_abc123" in env.content and env.mode == "600"
+    text = render_guest_plan(plan)
+    assert "hf_abc123" not in text and "NCCL_ALGO=Ring" in text
