@@ -10,7 +10,10 @@ torch (pinned) and `pytest` for a package that depends on it; the service is a r
 from __future__ import annotations
 
 import copy
+import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,7 +138,7 @@ def site(twin_fleet, modules, tmp_path_factory) -> Iterator[Site]:
             f"mkdir -p /etc/pve/lxc && printf '{CT200}' > /etc/pve/lxc/200.conf && pct start 200"
         )
         assert rc == 0, err
-        repo = cudarepo.build(tmp / "cuda", ["12.8", "13.0"])
+        repo = cudarepo.build(tmp / "cuda", ["12.8", "12.9", "13.0"])
         with cudarepo.serve(repo.root) as url:
             spec = guest_spec(SPEC, twin, repo, url)
             site = Site(twin, tmp / "kpro6.py", spec, repo, url)
@@ -327,3 +330,71 @@ def test_the_audit_passes_and_each_planted_defect_fails_with_its_finding(site: S
     result = run(site)
     assert result.rc == 0, result.output[-3000:]
     assert software_audit(site) == {}
+
+
+HUNG = "tmp/gpuhost-test-hung"  # in the guest: the wrapper writes its PID there when it hangs
+
+
+def hang_in_guest(site: Site, tool: str, first_arg: str) -> Path:
+    """Make ``tool`` in the guest hang (and say so) when called with ``first_arg``."""
+    groot = site.twin.twin.dir / "guests" / "200" / "root"
+    path = groot / tool.lstrip("/")
+    path.rename(path.with_name(path.name + ".real"))
+    path.write_text(
+        f'#!/bin/sh\nif [ "$1" = "{first_arg}" ]; then echo $$ > /{HUNG}; exec sleep 600; fi\n'
+        f'exec {tool}.real "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
+def killed_run(site: Site, tool: str, first_arg: str) -> None:
+    """A guest deploy killed (SIGKILL) while ``tool`` runs, its remote command then ended."""
+    wrapper = hang_in_guest(site, tool, first_arg)
+    hung = site.twin.twin.dir / "guests" / "200" / "root" / HUNG
+    proc = subprocess.Popen(
+        [str(PYINFRA), "-y", str(site.inv), "deploys/gpu_guest.py", "--limit", "ct200"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not hung.exists() or not hung.read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never got there"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        wrapper.with_name(wrapper.name + ".real").rename(wrapper)
+        if hung.exists():
+            site.guest(f"kill $(cat /{HUNG}); rm -f /{HUNG}")  # the SSH session's end, for dpkg
+            time.sleep(1)
+
+
+def test_a_run_killed_inside_dpkg_or_a_restart_converges_on_the_next(site: Site) -> None:
+    assert run(site).rc == 0
+    spec = copy.deepcopy(site.spec)
+    (ct,) = [g for g in spec["guests"] if g["kind"] == "lxc"]
+    ct["cuda"] = ["12.8", "12.9", "13.0"]
+    ct["venvs"][0]["env"] = {"NCCL_ALGO": "Tree"}  # the service must restart
+    site.write(spec)
+    try:
+        # killed inside cuda-toolkit-12-9's postinst (update-alternatives --install)
+        killed_run(site, "/usr/bin/update-alternatives", "--install")
+        rc, out, _ = site.guest("dpkg-query -W -f '${db:Status-Abbrev}' cuda-toolkit-12-9")
+        assert out.strip() != "ii", out  # left half-configured
+        # killed while systemctl restarts the service: its new environment is not recorded
+        killed_run(site, "/usr/local/bin/systemctl", "restart")
+        result = run(site)
+        assert result.rc == 0, result.output[-3000:]
+        rc, out, _ = site.guest("dpkg-query -W -f '${db:Status-Abbrev}' cuda-toolkit-12-9")
+        assert out.strip() == "ii", out
+        _, environ, _ = site.guest(f"tr '\\0' '\\n' < /proc/{service_pid(site)}/environ")
+        assert "NCCL_ALGO=Tree" in environ
+        again = run(site)
+        assert again.rc == 0 and changed(again) == 0, again.output[-3000:]
+    finally:
+        site.write(site.spec)
+        assert run(site).rc == 0
