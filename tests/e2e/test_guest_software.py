@@ -389,7 +389,7 @@ def test_a_run_killed_inside_dpkg_or_a_restart_converges_on_the_next(site: Site)
         killed_run(site, "/usr/local/bin/systemctl", "restart")
         result = run(site)
         assert result.rc == 0, result.output[-3000:]
-        rc, out, _ = site.guest("dpkg-query -W -f '${db:Status-Abbrev}' cuda-toolkit-12-9")
+        _, out, _ = site.guest("dpkg-query -W -f '${db:Status-Abbrev}' cuda-toolkit-12-9")
         assert out.strip() == "ii", out
         _, environ, _ = site.guest(f"tr '\\0' '\\n' < /proc/{service_pid(site)}/environ")
         assert "NCCL_ALGO=Tree" in environ
