@@ -383,7 +383,7 @@ def test_a_run_killed_inside_dpkg_or_a_restart_converges_on_the_next(site: Site)
     try:
         # killed inside cuda-toolkit-12-9's postinst (update-alternatives --install)
         killed_run(site, "/usr/bin/update-alternatives", "--install")
-        rc, out, _ = site.guest("dpkg-query -W -f '${db:Status-Abbrev}' cuda-toolkit-12-9")
+        _, out, _ = site.guest("dpkg-query -W -f '${db:Status-Abbrev}' cuda-toolkit-12-9")
         assert out.strip() != "ii", out  # left half-configured
         # killed while systemctl restarts the service: its new environment is not recorded
         killed_run(site, "/usr/local/bin/systemctl", "restart")
