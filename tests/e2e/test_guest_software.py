@@ -170,6 +170,12 @@ def test_toolkits_venv_env_and_service_converge_and_rerun_changes_nothing(site: 
     assert out.splitlines()[0] == "1.5.0", out
     assert "CUDA_HOME=/usr/local/cuda-12.8" in out and "NCCL_IB_DISABLE=1" in out, out
     assert "NCCL_ALGO=Ring" in out and "/usr/local/cuda-12.8/bin/nvcc" in out, out
+    # a hand-run install in the activated venv honours the pins too (UV_CONSTRAINT)
+    rc, out, err = site.guest(
+        f". {VENV}/bin/activate && SSL_CERT_FILE=/etc/gpuhost/index-ca.pem "
+        "uv pip install pluggy==1.6.0"
+    )
+    assert rc != 0 and "pluggy==1.6.0" in err and "pluggy==1.5.0" in err, out + err
     # a login shell has the guest's environment from the Plan
     rc, out, _ = site.guest("env -i HOME=/root PATH=/usr/bin:/bin sh -lc env")
     assert "NCCL_IB_DISABLE=1" in out and "MAX_JOBS=" in out, out
