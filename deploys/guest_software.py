@@ -29,8 +29,8 @@ from gpuhost.guestplan import (
     VenvPlan,
     make_guest_plan,
     planned_paths,
-    render_guest_plan,
 )
+from gpuhost.guestrender import render_guest_plan
 from gpuhost.inventory import GUEST_KEY, SOURCE_KEY, SPEC_KEY
 from gpuhost.plan import ManagedFile, PlanError, make_plan
 from gpuhost.spec_guests import LxcGuest

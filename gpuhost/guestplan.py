@@ -23,6 +23,7 @@ from facts.guestsoft import (
     VenvState,
     normalise,
 )
+from gpuhost import guestfiles
 from gpuhost.grammar import CUDA_MIN_DRIVER
 from gpuhost.indexconf import IndexConfig
 from gpuhost.plan import ManagedFile
@@ -36,7 +37,6 @@ INDEX_CA = "/etc/gpuhost/index-ca.pem"  # the control machine's CA bundle for th
 PROFILE = "/etc/profile.d/gpuhost-env.sh"
 VENV_CONFIG = "/etc/gpuhost/venvs"  # <venv path>/{requirements.txt,constraints.txt,env,env.sh}
 GIB = 1 << 30
-HEADER = "# Managed by gpuhost ({what}); changes are overwritten by the next deploy.\n"
 
 
 class GuestPlanError(ValueError):
@@ -182,51 +182,6 @@ def _pin_problems(j: int, venv: Venv, pins: dict[str, str]) -> list[str]:
     return problems
 
 
-def _shell_env(env: dict[str, str], what: str, path_prefix: str | None = None) -> str:
-    # values passed the env grammar: no quotes, $, backticks or backslashes
-    lines = [HEADER.format(what=what)]
-    lines += [f"export {k}='{v}'\n" for k, v in sorted(env.items())]
-    if path_prefix:
-        lines.append(f'export PATH="{path_prefix}/bin:$PATH"\n')
-    return "".join(lines)
-
-
-def _env_file(env: dict[str, str], what: str) -> str:
-    return HEADER.format(what=what) + "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
-
-
-def _uv_toml(indexes: IndexConfig) -> str:
-    # extra indexes first: uv takes a package from the first index that has it, and the
-    # default index comes last, as with pip's --extra-index-url
-    out = HEADER.format(what=f"package indexes from the control machine's {indexes.source}")
-    for url in indexes.extra:
-        out += f'\n[[index]]\nurl = "{url}"\n'
-    if indexes.default:
-        out += f'\n[[index]]\nurl = "{indexes.default}"\ndefault = true\n'
-    return out
-
-
-def _sources(url: str) -> str:
-    return (
-        HEADER.format(what="NVIDIA's CUDA repository, from the spec's cuda_repo")
-        + f"Types: deb\nURIs: {url}\nSuites: /\nSigned-By: {KEYRING}\n"
-    )
-
-
-def _unit(venv: Venv, env_file: str) -> str:
-    assert venv.service is not None
-    words = list(venv.service.command)
-    if "/" not in words[0]:
-        words[0] = f"{venv.path}/bin/{words[0]}"
-    return (
-        HEADER.format(what=f"service of the venv {venv.path}")
-        + f"[Unit]\nDescription=gpuhost: {venv.service.name} ({venv.path})\n"
-        "After=network-online.target\n\n"
-        f"[Service]\nEnvironmentFile={env_file}\nExecStart={' '.join(words)}\n"
-        "Restart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n"
-    )
-
-
 def _python_matches(wanted: str, found: str | None) -> bool:
     return found is not None and found.split(".")[: len(wanted.split("."))] == wanted.split(".")
 
@@ -316,7 +271,7 @@ def make_guest_plan(
             )
         if guest.cuda_repo is not None:
             put(KEYRING, key)
-            put(SOURCES, _sources(guest.cuda_repo.url))
+            put(SOURCES, guestfiles.sources(guest.cuda_repo.url, KEYRING))
     jobs, rule = max_jobs(
         facts.system.cpus, facts.system.mem_total, facts.system.mem_limit, guest.build_job_gib
     )
@@ -324,7 +279,7 @@ def make_guest_plan(
     # profile.d is world-readable: secret-named variables (tokens) go to the venvs' root-only
     # env files only
     env = {k: v for k, v in full_env.items() if not is_secret_name(k)}
-    put(PROFILE, _shell_env(env, f"guest {name}: NCCL/CUDA environment from the Plan"))
+    put(PROFILE, guestfiles.shell_env(env, f"guest {name}: NCCL/CUDA environment from the Plan"))
 
     indexes = control.indexes
     if guest.python_index is not None:
@@ -333,7 +288,7 @@ def make_guest_plan(
             tuple(guest.python_index[1:]),
             source="spec python_index",
         )
-    uv_toml = _uv_toml(indexes)
+    uv_toml = guestfiles.uv_toml(indexes)
     uv_env = {}
     if guest.venvs:
         put(UV_CONFIG, uv_toml)
@@ -366,8 +321,12 @@ def make_guest_plan(
         requirements = list(venv.packages) + [
             f"{n}=={v}" for n, v in sorted(pins.items()) if n not in listed
         ]
-        req_text = HEADER.format(what=f"requirements of {venv.path}") + "\n".join(requirements)
-        con_text = HEADER.format(what=f"pins of {venv.path}") + "\n".join(venv.constraints)
+        req_text = guestfiles.HEADER.format(what=f"requirements of {venv.path}") + "\n".join(
+            requirements
+        )
+        con_text = guestfiles.HEADER.format(what=f"pins of {venv.path}") + "\n".join(
+            venv.constraints
+        )
         imports = _imports(venv, pins)
         stamp = _digest(venv.python, req_text, con_text, uv_toml, " ".join(imports))
         cuda_home = Toolkit(venv.cuda).prefix if venv.cuda else None
@@ -380,12 +339,14 @@ def make_guest_plan(
         }
         put(f"{config_dir}/requirements.txt", req_text)
         put(f"{config_dir}/constraints.txt", con_text)
-        env_text = _env_file(venv_env, f"environment of {venv.path}")
+        env_text = guestfiles.env_file(venv_env, f"environment of {venv.path}")
         mode = "600" if any(is_secret_name(k) for k in venv_env) else "644"
         put(f"{config_dir}/env", env_text, mode)
         put(
             f"{config_dir}/{HOOK}",
-            _shell_env(venv_env, f"environment of {venv.path}, sourced by bin/activate", cuda_home),
+            guestfiles.shell_env(
+                venv_env, f"environment of {venv.path}, sourced by bin/activate", cuda_home
+            ),
             mode,
         )
         create = None
@@ -421,7 +382,7 @@ def make_guest_plan(
         venvs.append(plan)
         if venv.service:
             unit_path = _unit_path(venv.service.name)
-            unit_text = _unit(venv, plan.env_file)
+            unit_text = guestfiles.unit(venv, plan.env_file)
             put(unit_path, unit_text)
             svc_stamp = _digest(unit_text, env_text, stamp)
             svc = facts.services.get(venv.service.name, ServiceState("", "", 0, None))
@@ -472,31 +433,4 @@ def make_guest_plan(
     )
 
 
-def render_guest_plan(plan: GuestPlan) -> str:
-    out = [f"Guest software plan for {plan.guest} (host driver {plan.driver or 'not visible'}):"]
-    for tk in plan.toolkits:
-        state = "install" if tk.package in plan.install_toolkits else "installed"
-        mark = "  (default: /usr/local/cuda)" if tk == plan.default else ""
-        out.append(f"  CUDA {tk.version}: {tk.package} -> {tk.prefix} [{state}]{mark}")
-    if plan.default and plan.set_default:
-        out.append(f"  set /usr/local/cuda -> {plan.default.prefix} (update-alternatives)")
-    out.append(f"  {plan.max_jobs_rule}")
-    for name, value in sorted(plan.env.items()):
-        out.append(f"  env {name}={value}")
-    for v in plan.venvs:
-        pins = ", ".join(f"{n}=={ver}" for n, ver in v.pins.items()) or "none"
-        todo = "; ".join(
-            x
-            for x in (v.create and f"create ({v.create})", v.install and f"install ({v.install})")
-            if x
-        )
-        out.append(f"  venv {v.path} python {v.python}, pins {pins}: {todo or 'converged'}")
-    for s in plan.services:
-        out.append(
-            f"  service {s.unit} ({s.venv}): {f'restart ({s.restart})' if s.restart else 'running as planned'}"
-        )
-    out += [f"  note: {n}" for n in plan.notes]
-    return "\n".join(out)
-
-
-__all__ = ["STAMP", "GuestPlan", "GuestPlanError", "make_guest_plan", "render_guest_plan"]
+__all__ = ["STAMP", "GuestPlan", "GuestPlanError", "make_guest_plan"]

@@ -24,9 +24,13 @@ class _Refused(Exception):
         self.finding = finding
 
 
-def _plan(ctx: AuditContext, guest: LxcGuest) -> GuestPlan:
+def _plan(
+    ctx: AuditContext, guest: LxcGuest, applies: bool = True, what: str = "", report: bool = True
+) -> GuestPlan:
     if not (guest.cuda or guest.venvs):
         raise NotApplicable(f"{guest.name} has no guest software in the spec")
+    if not applies:  # decided from the spec, before the plan (a refused plan is one finding)
+        raise NotApplicable(f"{guest.name} has no {what}")
     view = ctx.guests.get(guest.ctid)
     if view is None or view.unreachable or view.software is None:
         why = view.unreachable if view and view.unreachable else "it was not read"
@@ -41,6 +45,8 @@ def _plan(ctx: AuditContext, guest: LxcGuest) -> GuestPlan:
         except GuestPlanError as exc:
             cache["plan"] = exc
     made = cache["plan"]
+    if isinstance(made, GuestPlanError) and not report:
+        raise NotApplicable("its software plan is refused (ct.toolkits / ct.venvs say why)")
     if isinstance(made, GuestPlanError):
         raise _Refused(
             Finding(
@@ -69,9 +75,7 @@ def _guarded(fn):
 )
 @_guarded
 def ct_toolkits(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
-    plan = _plan(ctx, guest)
-    if not plan.toolkits:
-        raise NotApplicable(f"{guest.name} gets no CUDA toolkit")
+    plan = _plan(ctx, guest, bool(guest.cuda), "CUDA toolkits")
     sw = ctx.guests[guest.ctid].software
     assert sw is not None
     findings = []
@@ -110,9 +114,7 @@ def ct_toolkits(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
 @check("ct.venvs", "Each venv holds its pins at their versions and its imports work", "lxc")
 @_guarded
 def ct_venvs(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
-    plan = _plan(ctx, guest)
-    if not plan.venvs:
-        raise NotApplicable(f"{guest.name} has no venvs")
+    plan = _plan(ctx, guest, bool(guest.venvs), "venvs")
     sw = ctx.guests[guest.ctid].software
     assert sw is not None
     findings = []
@@ -158,7 +160,7 @@ def ct_venvs(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
 @check("ct.environment", "The guest's NCCL/CUDA environment equals the Plan", "lxc")
 @_guarded
 def ct_environment(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
-    plan = _plan(ctx, guest)
+    plan = _plan(ctx, guest, report=False)
     view = ctx.guests[guest.ctid]
     sw = view.software
     assert sw is not None
@@ -191,9 +193,7 @@ def ct_environment(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
 @check("ct.services", "Venv services are active with the planned environment", "lxc")
 @_guarded
 def ct_services(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
-    plan = _plan(ctx, guest)
-    if not plan.services:
-        raise NotApplicable(f"{guest.name} has no services")
+    plan = _plan(ctx, guest, any(v.service for v in guest.venvs), "services")
     sw = ctx.guests[guest.ctid].software
     assert sw is not None
     findings = []

@@ -28,8 +28,8 @@ from gpuhost.guestplan import (
     make_guest_plan,
     max_jobs,
     planned_paths,
-    render_guest_plan,
 )
+from gpuhost.guestrender import render_guest_plan
 from gpuhost.indexconf import IndexConfig, control_indexes
 from gpuhost.spec_guests import LxcGuest
 
