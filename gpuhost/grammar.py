@@ -88,6 +88,21 @@ MANAGED_CMDLINE_KEYS = {
 # Minimum driver branch for each CUDA major.minor a guest may ask for (NVIDIA's compatibility
 # table: CUDA 12.8 needs >= 570, CUDA 13.x needs >= 580).
 CUDA_MIN_DRIVER = {"12.8": 570, "12.9": 575, "13.0": 580, "13.1": 580}
+# Guest software (gpuhost/guestplan.py). An apt repository: http(s)://host[:port]/path/ or
+# file:/abs/path/, ending with '/' (NVIDIA's CUDA repositories are flat: `Suites: /`).
+APT_URL_RE = re.compile(
+    rf"(?:https?://(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{{1,5}})?|file:)"
+    rf"(?P<path>/(?:[{GIT_PATH_CHARS}]*/)?)"
+)
+# A package index for uv in a guest: http(s)://host[:port]/path (no file: URLs, which would name
+# the control machine's disk; no credentials: configure those in the guest).
+INDEX_URL_RE = re.compile(
+    rf"https?://(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{{1,5}})?(?:/[{GIT_PATH_CHARS}]*)?"
+)
+# One word of a service's command line (systemd ExecStart=): no space, quotes, backslashes,
+# $, %, backticks or shell syntax, so it needs no quoting in a unit file.
+SERVICE_ARG_RE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+PY_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 MAX_TEXT = 4096  # no spec string is longer (bounds messages and regex work)
 
 
@@ -139,6 +154,12 @@ GRAMMARS = {
     "store path (artifacts.store)": "absolute and normalised, like a path",
     "requirement (venvs[].packages, constraints)": "one PEP 508 requirement (packaging's parser), "
     "no credentials in a URL, no $, backticks or backslashes",
+    "apt repository (cuda_repo.url)": "http(s)://host[:port]/path/ or file:/path/, ending with /, "
+    "path characters A-Za-z0-9._~+%/-; no credentials",
+    "package index (python_index)": "http(s)://host[:port]/path, no credentials",
+    "service command word (venvs[].service.command)": "A-Za-z0-9_@+=:,./- (no spaces, quotes, $, "
+    "%, backslashes), at most 256 characters",
+    "Python module (venvs[].imports)": "dotted identifiers, e.g. torch or flash_attn.ops",
     "types": "strict: ints are ints (True, 1.0 and '200' are not), bools are True/False, "
     "strings are strings, lists are lists",
 }

@@ -5,21 +5,33 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
 
 from gpuhost.redact import show
 from gpuhost.values import (
     MAX_GPU_INDEX,
     MAX_ITEMS,
     AbsPath,
+    AptUrl,
     CudaVersion,
     DnsName,
     EnvName,
     EnvValue,
     Hostname,
+    IndexUrl,
     MachineType,
     PipRequirement,
+    PyModule,
     PythonVersion,
+    ServiceArg,
     Username,
     normalize_bdf,
 )
@@ -67,8 +79,22 @@ GpuList = Annotated[
 ]
 
 
+class VenvService(Model):
+    """A long-running server from a venv (a vLLM or SGLang server), as a systemd service."""
+
+    name: DnsName = Field(
+        description="Service name: the unit is gpuhost-<name>.service (a lowercase DNS label)."
+    )
+    command: list[ServiceArg] = Field(
+        min_length=1,
+        max_length=MAX_ITEMS,
+        description="ExecStart= words; a first word without '/' is a program in the venv's bin/, "
+        "e.g. ['vllm', 'serve', 'Qwen/Qwen3-8B', '--port=8000'].",
+    )
+
+
 class Venv(Model):
-    """A uv virtual environment in a guest (filled in by the CUDA/venv issue)."""
+    """A uv virtual environment in a guest: its python, requirements and pins."""
 
     path: AbsPath = Field(description="Absolute, normalised path of the venv in the guest.")
     python: PythonVersion = Field("3.12", description="Python version uv installs for it.")
@@ -83,7 +109,24 @@ class Venv(Model):
     constraints: list[PipRequirement] = Field(
         default_factory=list,
         max_length=MAX_ITEMS,
-        description="Pins every install must honour, e.g. 'torch==2.9.1' (PEP 508).",
+        description="Constraints every install must honour (uv -c; UV_CONSTRAINT in the venv). "
+        "'name==version' entries are pins: installed at exactly that version, and a package "
+        "that would move one fails the run, naming both versions.",
+    )
+    imports: list[PyModule] | None = Field(
+        None,
+        max_length=MAX_ITEMS,
+        description="Modules imported after each install to prove it; None: each pinned package's "
+        "name with - and . as _.",
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        max_length=MAX_ITEMS,
+        description="Environment of this venv (activation and its service), on top of the "
+        "guest's; same grammar as the guest's env.",
+    )
+    service: VenvService | None = Field(
+        None, description="A systemd service run from this venv with its environment."
     )
 
 
@@ -102,6 +145,20 @@ class GuestBase(Model):
         description="Environment for GPU workloads in the guest (e.g. NCCL_P2P_DISABLE). Names "
         "[A-Za-z_][A-Za-z0-9_]*; values printable ASCII without quotes, backslashes, $, "
         "backticks, % or control characters, no leading/trailing space, up to 4096 characters.",
+    )
+
+
+class CudaRepo(Model):
+    """An apt repository with NVIDIA's CUDA packages and the key that signs it."""
+
+    url: AptUrl = Field(
+        description="The flat repository (deb822 `Suites: /`): NVIDIA's network repository for "
+        "the guest's distribution, .../compute/cuda/repos/<distro>/<arch>/ (e.g. debian12/x86_64), "
+        "or a mirror of it."
+    )
+    keyring: AbsPath = Field(
+        description="Path, on the control machine, of the OpenPGP key that signs it (NVIDIA's "
+        "<keyid>.pub, armored or binary); installed in the guest as the source's Signed-By."
     )
 
 
@@ -142,6 +199,45 @@ class LxcGuest(GuestBase):
     venvs: list[Venv] = Field(
         default_factory=list, max_length=64, description="uv venvs to create."
     )
+    cuda_default: CudaVersion | None = Field(
+        None,
+        description="The toolkit /usr/local/cuda points to (update-alternatives --set cuda); "
+        "None: the newest of cuda.",
+    )
+    cuda_repo: CudaRepo | None = Field(
+        None,
+        description="NVIDIA's CUDA apt repository (or a mirror of it); the guest deploy needs it "
+        "to install cuda.",
+    )
+    python_index: list[IndexUrl] | None = Field(
+        None,
+        max_length=16,
+        description="Package indexes uv uses in the guest, first = default; None: the control "
+        "machine's own pip/uv index settings (http(s) ones); []: uv's default index.",
+    )
+    build_job_gib: int = Field(
+        9,
+        ge=1,
+        le=256,
+        description="Memory (GiB) one source-build job may take: MAX_JOBS = min(cores, memory "
+        "/ this). 9 after flash-attn's setup.py ('each JOB peak memory cost is ~8-9GB').",
+    )
+
+    @model_validator(mode="after")
+    def _software(self) -> LxcGuest:
+        if self.cuda_default is not None and self.cuda_default not in self.cuda:
+            raise ValueError(
+                f"cuda_default {self.cuda_default!r} is not in cuda {self.cuda}; add it there"
+            )
+        if len(set(self.cuda)) != len(self.cuda):
+            raise ValueError(f"cuda lists a version twice: {self.cuda}")
+        paths = [v.path for v in self.venvs]
+        names = [v.service.name for v in self.venvs if v.service]
+        for what, items in (("venv path", paths), ("service name", names)):
+            twice = sorted({x for x in items if items.count(x) > 1})
+            if twice:
+                raise ValueError(f"{what} {twice[0]!r} is used twice")
+        return self
 
     @property
     def guest_id(self) -> int:

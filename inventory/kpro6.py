@@ -41,6 +41,9 @@ gpu_hosts = [
                     "name": "ct200",
                     "gpus": "rest",
                     "cuda": ["12.8", "13.0"],
+                    # deploys/gpu_guest.py also needs "cuda_repo": {"url": NVIDIA's network
+                    # repository for the container's distribution, "keyring": a copy of its
+                    # signing key on this machine} (README: Guest software)
                     "env": {"NCCL_IB_DISABLE": "1"},
                 },
             ],

@@ -160,6 +160,12 @@ def _prepare_rootfs(twin: node.Twin, ctid: int, hostname: str) -> Path:
     # rewrites the environment LXC gives pid 1 (container=lxc), so this is how they are told.
     (groot / "run/systemd").mkdir(parents=True, exist_ok=True)
     (groot / "run/systemd/container").write_text("lxc\n")
+    # No systemd in a guest (its init is sshd): a small service manager that really runs units'
+    # ExecStart= with their environment stands in for systemctl (shims/guest-systemctl).
+    systemctl = groot / "usr/local/bin/systemctl"
+    systemctl.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(node.SHIMS / "guest-systemctl", systemctl)
+    systemctl.chmod(0o755)
     return groot
 
 

@@ -18,10 +18,13 @@ from facts._parse import UnparsedOutput
 from facts.cuda import DEFAULT_SIZES, CudaProbe, CudaView
 from facts.devices import DeviceNode, NvidiaDeviceNodes
 from facts.guest import LoginEnvironment
+from facts.guestsoft import GuestFacts, commands, parse_guest
 from facts.kernel import NvidiaModuleFiles
 from facts.nvidia import FabricManager, GspFirmwareFiles, NvidiaFabricManager, NvidiaUserspace
 from facts.snapshot import MISSING_TOOL, Combined, split_combined
+from gpuhost.guestplan import planned_paths, venv_imports
 from gpuhost.hostfacts import FACTS, HostFacts, combined_args, fact_tool, parse_raw
+from gpuhost.spec_guests import LxcGuest
 
 # A command runner: command -> (exit status, stdout, stderr). testinfra's host.run, or a guest's.
 Runner = Callable[[str], tuple[int, str, str]]
@@ -64,6 +67,7 @@ class GuestView:
     env: dict[str, str] = field(default_factory=dict)
     cuda: CudaView | None = None
     unreachable: str | None = None  # why the guest could not be read (not running...)
+    software: GuestFacts | None = None  # guest software (toolkits, venvs, services), if it has any
 
 
 def _commands(
@@ -86,8 +90,22 @@ def host_command(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:
     return f"{first}\n{Combined().command(tuple(probe))}"
 
 
-def guest_command(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:
-    return Combined().command(tuple(_commands(GUEST_FACTS, sizes)))
+def guest_command(sizes: tuple[int, ...] = DEFAULT_SIZES, guest: LxcGuest | None = None) -> str:
+    return Combined().command(tuple(_commands(GUEST_FACTS, sizes)) + _software(guest))
+
+
+SOFTWARE = "sw:"  # key prefix of the guest software facts (facts/guestsoft.py)
+
+
+def _software(guest: LxcGuest | None) -> tuple[tuple[str, str, str | None], ...]:
+    """The guest software read (with import probes) for a guest that has any."""
+    if guest is None or not (guest.cuda or guest.venvs):
+        return ()
+    paths, venvs, services = planned_paths(guest)
+    imports = {v.path: tuple(i) for v, i in zip(guest.venvs, venv_imports(guest), strict=True)}
+    return tuple(
+        (SOFTWARE + key, cmd, tool) for key, cmd, tool in commands(paths, venvs, services, imports)
+    )
 
 
 def in_container(ctid: int, script: str) -> str:
@@ -131,16 +149,20 @@ def observe_host(run: Runner, sizes: tuple[int, ...] = DEFAULT_SIZES) -> HostVie
     )
 
 
-def observe_guest(run: Runner, sizes: tuple[int, ...] = DEFAULT_SIZES) -> GuestView:
-    rc, stdout, stderr = run(guest_command(sizes))
+def observe_guest(
+    run: Runner, sizes: tuple[int, ...] = DEFAULT_SIZES, guest: LxcGuest | None = None
+) -> GuestView:
+    rc, stdout, stderr = run(guest_command(sizes, guest))
     raw = _split(stdout) if "#gpuhost-fact=" in stdout else {}
     if not raw:
         why = (stderr or stdout).strip()[-300:] or f"exit status {rc}"
         return GuestView(unreachable=why)
     value = {k: _parse(k, cls, *raw[k]) for k, cls in GUEST_FACTS.items() if k in raw}
+    software = {k.removeprefix(SOFTWARE): v for k, v in raw.items() if k.startswith(SOFTWARE)}
     return GuestView(
         nodes=value.get("NvidiaDeviceNodes") or {},
         userspace=value.get("NvidiaUserspace") or {},
         env=value.get("LoginEnvironment") or {},
         cuda=value.get("CudaProbe"),
+        software=parse_guest(software) if software else None,
     )

@@ -13,6 +13,7 @@ from gpuhost.audit import (  # noqa: F401  (registers the checks)
     guest_checks,
     host_checks,
     p2p_checks,
+    software_checks,
 )
 from gpuhost.audit.context import AuditContext
 from gpuhost.audit.model import CHECKS, Check, Finding, NotApplicable, Outcome
@@ -71,10 +72,12 @@ def read_host(
             audit.guest_access[guest.name] = (
                 f"ssh {guest.access.ssh_user}@{guest.access.ssh_hostname}"
             )
-            return observe_guest(own, sizes), own.commands
+            return observe_guest(own, sizes, guest), own.commands
         audit.guest_access[guest.name] = f"pct exec {guest.ctid} on {name}"
         through_host = Counted(run)  # pct exec on the host
-        view = observe_guest(lambda script: through_host(in_container(guest.ctid, script)), sizes)
+        view = observe_guest(
+            lambda script: through_host(in_container(guest.ctid, script)), sizes, guest
+        )
         return view, through_host.commands
 
     containers = gpu_containers(spec) if guests else []
