@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuhost.plan import Plan
+from gpuhost.redact import is_secret_name
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -64,7 +65,8 @@ def render_plan(plan: Plan) -> str:
             out.append(f"{g.owner} takes the whole board {g.bdf} with {', '.join(g.functions)}")
     for owner, env in plan.guest_env.items():
         if env:
-            out.append(f"env for {owner}: {' '.join(f'{k}={v}' for k, v in sorted(env.items()))}")
+            shown = (f"{k}={'***' if is_secret_name(k) else v}" for k, v in sorted(env.items()))
+            out.append(f"env for {owner}: {' '.join(shown)}")
     out += [ct.summary for ct in plan.containers.values()]
     out += ["", "managed files:"]
     for item in plan.files.values():

@@ -428,3 +428,10 @@ def test_kernel_pin_refusal_comes_with_the_other_problems() -> None:
     assert any(
         "not the running 6.8.4-1-pve, which proxmox-boot-tool does not list" in p for p in problems
     )
+
+
+def test_the_printed_plan_never_shows_a_secret_env_value() -> None:
+    guest = lxc(200, "rest", env={"HF_TOKEN": "hf_abcdef0123456789", "NCCL_IB_DISABLE": "1"})
+    text = render_plan(make_plan("kpro6", host(KPRO6, guest), kpro6(PveGuestConfigs=(0, []))))
+    assert "HF_TOKEN=***" in text and "NCCL_IB_DISABLE=1" in text
+    assert "hf_abcdef0123456789" not in text
