@@ -25,7 +25,10 @@ _SPECS = {
 twins = [
     gpu_host(
         t.name,
-        _SPECS.get(t.profile or "kpro6", _SPECS["kpro6"]),
+        {  # each twin's own API token (a 0600 file, as a user keeps one)
+            **_SPECS.get(t.profile or "kpro6", _SPECS["kpro6"]),
+            "proxmox": {"token_file": str(t.dir / "api-token")},
+        },
         source=__file__,
         ssh_hostname=t.address,
         ssh_user="root",
