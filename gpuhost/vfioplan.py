@@ -61,7 +61,7 @@ def plan_vfio(
 ) -> VfioBinding | None:
     """The binding for every function given to a VM; None when no VM has one.
 
-    + vm_functions: the Plan's vmid -> BDFs (each GPU's board and the rest of its IOMMU group)
+    + vm_functions: the Plan's vmid -> BDFs (each GPU's board and its IOMMU group as read now)
     + classes: BDF -> PCI class (hex, '030000') from the PCI facts
     """
     every = {normalize_bdf(b) for functions in vm_functions.values() for b in functions}
