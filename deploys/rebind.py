@@ -1,7 +1,7 @@
 """Move one board between nvidia and vfio-pci while the host runs: no reboot.
 
-The board is every function of the GPU's slot and the rest of its IOMMU group
-(gpuhost.vfioplan.board_functions); all of them move together, or none.
+The board is every function of the GPU's slot (gpuhost.vfioplan.board_functions); all of them
+move together, or none.
 
 nvidia -> vfio-pci: refused, naming each process (and its guest, from its cgroup), while
 anything but nvidia-persistenced holds the GPU's /dev/nvidiaN or nvidia-smi lists a compute

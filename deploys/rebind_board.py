@@ -2,7 +2,7 @@
 
     pyinfra inventory/kpro6.py deploys/rebind_board.py --data gpu=0000:c1:00.0 --data driver=vfio-pci
 
-The board's functions come from the Plan (the GPU, its other functions, its IOMMU group). The
+The board's functions come from the Plan (the GPU and its other functions). The
 guests around the move (stop the one that holds the GPU first, start the new owner after) are
 the caller's: the move is refused, naming the process and guest, while anything holds it. The
 next boot binds as the inventory says (deploys/vfio.py): change the inventory for a move that

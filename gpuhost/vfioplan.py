@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import jinja2
 
 from gpuhost.hostfacts import HostFacts
+from gpuhost.split import slot
 from gpuhost.values import normalize_bdf
 
 if TYPE_CHECKING:
@@ -60,10 +61,15 @@ def plan_vfio(
 ) -> VfioBinding | None:
     """The binding for every function given to a VM; None when no VM has one.
 
-    + vm_functions: the Plan's vmid -> BDFs (each GPU's board and the rest of its IOMMU group)
+    + vm_functions: the Plan's vmid -> BDFs (each GPU's board and its IOMMU group as read now)
     + classes: BDF -> PCI class (hex, '030000') from the PCI facts
     """
-    bdfs = sorted({normalize_bdf(b) for functions in vm_functions.values() for b in functions})
+    every = {normalize_bdf(b) for functions in vm_functions.values() for b in functions}
+    # Only the GPUs' boards (their slots). An accepted plan allows no other device in a VM GPU's
+    # IOMMU group, but while a planned pcie_acs_override is not active yet the groups read now
+    # are the lumped ones, which can hold the host's NIC: claiming those would take it away.
+    boards = {slot(b) for b in every if classes.get(b, "").startswith("03")}
+    bdfs = sorted(b for b in every if slot(b) in boards)
     if not bdfs:
         return None
     modules: list[str] = []
@@ -109,14 +115,15 @@ def vfio_files(binding: VfioBinding | None) -> list[tuple[str, str | None, str]]
 
 
 def board_functions(gpus: list[GpuAssignment], facts: HostFacts, bdf: str) -> tuple[str, ...]:
-    """The functions that move with GPU ``bdf``: the GPU, its board's other functions and the
-    non-bridge members of its IOMMU group (the GPU first)."""
+    """The functions that move with GPU ``bdf``: the GPU and its board's other functions (the
+    GPU first)."""
     gpu = normalize_bdf(bdf)
     a = next((g for g in gpus if g.bdf == gpu), None)
     if a is None:
         raise ValueError(f"{gpu} is not a GPU of this host ({', '.join(g.bdf for g in gpus)})")
+    # the board only: another device in its group (a lumped group's NIC) never moves with it
     group = facts.iommu_groups.get(a.iommu_group, []) if a.iommu_group is not None else []
-    members = sorted(b for b in group if b in facts.pci and not facts.pci[b].is_bridge)
+    members = sorted(b for b in group if slot(b) == slot(a.bdf) and b in facts.pci)
     return tuple(dict.fromkeys([a.bdf, *a.functions, *members]))
 
 

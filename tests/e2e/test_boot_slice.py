@@ -172,10 +172,14 @@ def test_acs_override_splits_a_lumped_group_for_a_vm(fresh, modules, tmp_path: P
     row = next(line for line in planned.stdout.splitlines() if line.startswith("0    0000:19:00.0"))
     assert row.split()[-7:] == [
         "24",
-        "nvidia",
+        "vfio-pci",  # claimed at boot by gpuhost-vfio.conf (its board only, not the lumped NIC)
         "->",
         "vfio-pci",
         "vm",
         "140",
         "(vm140)",
     ]  # own group
+    # the claim written while the group was lumped took the board only: the NIC stays the host's
+    twin.reconnect()
+    _, nic, _ = twin.run("readlink /sys/bus/pci/devices/0000:1a:00.0/driver")
+    assert nic.strip().endswith("/i40e")

@@ -136,3 +136,11 @@ def test_a_move_killed_halfway_is_finished_by_the_next_run() -> None:
         facts.pci[bdf] = replace(facts.pci[bdf], driver_override=None)
     plan = make_plan("kpro6", vm_spec(), facts)
     assert ("0000:c1:00.0", "vfio-pci") not in misbound(plan.gpus, facts)
+
+
+def test_a_lumped_groups_other_devices_are_never_claimed() -> None:
+    """While a planned ACS override is not active, the group read now may hold the host's NIC."""
+    functions = {140: ("0000:19:00.0", "0000:1a:00.0")}  # GPU + NIC in one lumped group
+    classes = {"0000:19:00.0": "030200", "0000:1a:00.0": "020000"}
+    binding = plan_vfio(functions, classes)
+    assert binding is not None and binding.bdfs == ("0000:19:00.0",)
