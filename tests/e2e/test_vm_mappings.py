@@ -80,3 +80,35 @@ def test_mappings_and_hostpci_through_the_token(fresh, modules, tmp_path: Path) 
         "hostpci1: mapping=gpuhost-0000-e1-00,pcie=1"
         in (twin.root / "etc/pve/qemu-server/129.conf").read_text()
     )
+
+
+def test_a_gpu_given_twice_is_refused_with_nothing_changed(fresh, tmp_path: Path) -> None:
+    """Twice in the spec, or once in the spec and once in a VM's own raw entry: refused before
+    anything changes, each problem named."""
+    from tests.e2e.conftest import manifest
+
+    twin = fresh("kpro6")
+    put(
+        twin,
+        "/etc/pve/qemu-server/130.conf",
+        "machine: q35\nname: vm130\nhostpci0: 0000:41:00,pcie=1\n",
+    )
+    kernel = twin.run("uname -r")[1].strip()
+    twice = spec(kernel)
+    twice["guests"][1]["gpus"] = [6, 0]  # index 6 is 0000:c1:00.0: only the host can tell
+    before = manifest(twin.root)
+    run = deploy(inventory(tmp_path / "twice.py", twin, twice), env=token_env(twin))
+    assert run.rc != 0 and "the plan is refused" in run.output, run.output[-3000:]
+    assert (
+        "GPU 0000:c1:00.0 (named as index 6) is already given to vm 129 (vm129) (named as "
+        "0000:c1:00.0)" in run.output
+    )
+    assert "vm 130 has hostpci0: 0000:41:00,pcie=1, an entry gpuhost does not own" not in run.output
+    rest = spec(kernel)  # ct200 takes 'rest', which includes 0000:41:00.0
+    run = deploy(inventory(tmp_path / "raw.py", twin, rest), env=token_env(twin))
+    assert run.rc != 0 and "the plan is refused" in run.output, run.output[-3000:]
+    assert (
+        "vm 130 has hostpci0: 0000:41:00,pcie=1, an entry gpuhost does not own, passing GPU "
+        "0000:41:00 that the spec gives to lxc 200 (ct200)" in run.output
+    )
+    assert manifest(twin.root) == before
