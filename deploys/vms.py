@@ -60,13 +60,6 @@ def _call(method: str, path: str, **params) -> object:
         raise OperationError(str(exc)) from None
 
 
-def _task(method: str, path: str, timeout: float = 300.0, **params) -> str:
-    try:
-        return api().run_task(method, path, timeout, **params)
-    except pveapi.PveApiError as exc:
-        raise OperationError(str(exc)) from None
-
-
 @operation(is_idempotent=True)
 def pci_mappings(plan: Plan):
     """

@@ -6,9 +6,9 @@ name the variable or file and the fix, not the value. TLS is verified against th
 (/etc/pve/pve-root-ca.pem) as read over the deploy's SSH connection, whose host key is checked,
 so the API is trusted exactly as far as SSH is, without the user copying certificates around.
 
-Power and config-worker calls return a task id (UPID) at once; what went wrong inside the task
-is only in its exit status. :func:`wait_task` polls until the task stops and accepts `OK` or
-`WARNINGS: n`, as Proxmox's own tools do (pve-api.md "Power and tasks").
+The calls gpuhost makes through the token (PCI mappings, a VM's config PUT) are synchronous;
+guests are stopped and started by Proxmox's stopall/startall as root over SSH (pvesh waits for
+those tasks itself), so no task polling is needed here.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import os
 import re
 import stat
 import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import requests
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
 
@@ -33,7 +33,6 @@ TOKEN_RE = re.compile(
     r"(?P<user>[^\s:/@!=]{1,60}@[A-Za-z][A-Za-z0-9._-]{1,31})!(?P<tokenid>[A-Za-z][A-Za-z0-9._-]{1,63})"
     r"=(?P<secret>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
 )
-TASK_OK = re.compile(r"OK|WARNINGS: \d+")
 
 
 class ApiTokenError(ValueError):
@@ -108,25 +107,11 @@ class PveApi:
             return getattr(resource, method)(**params)
         except ResourceException as exc:
             raise PveApiError(_describe(method, path, exc)) from None
-
-    def wait_task(self, upid: str, timeout: float = 300.0, poll: float = 0.25) -> str:
-        """Wait for the task to stop; its exit status if `OK`/`WARNINGS: n`, else PveApiError."""
-        deadline = time.monotonic() + timeout
-        while True:
-            status = self.call("get", f"/nodes/{self.node}/tasks/{upid}/status")
-            if status.get("status") == "stopped":
-                exit_text = str(status.get("exitstatus", ""))
-                if TASK_OK.fullmatch(exit_text):
-                    return exit_text
-                raise PveApiError(f"task {status.get('type', '?')} failed: {exit_text}")
-            if time.monotonic() > deadline:
-                raise PveApiError(f"task {upid} still runs after {timeout:.0f} s")
-            time.sleep(poll)
-
-    def run_task(self, method: str, path: str, timeout: float = 300.0, **params: Any) -> str:
-        """A call that returns a UPID, waited for (a null answer means it finished already)."""
-        upid = self.call(method, path, **params)
-        return self.wait_task(upid, timeout) if upid else "OK"
+        except requests.RequestException as exc:  # TLS, refused, timeout: never the headers
+            raise PveApiError(
+                f"{method.upper()} {path}: cannot reach the API ({type(exc).__name__}); check "
+                "proxmox.address/port and that pveproxy runs"
+            ) from None
 
 
 def _describe(method: str, path: str, exc: ResourceException) -> str:
