@@ -82,9 +82,17 @@ def render_plan(plan: Plan) -> str:
         out.append("no reboot needed")
     if plan.trial_boot is not None:
         out.append(f"kernel trial boot ({plan.trial_step.value}): {plan.trial_boot.summary}")
-    if plan.reboot_later:
+    binding = [r for r in plan.reboot_later if r.concern == "binding"]
+    later = [r for r in plan.reboot_later if r.concern != "binding"]
+    if binding:
+        out.append(
+            "GPU binding: this run moves the boards live where the IOMMU is on (their guests "
+            "stopped first), else the vfio-pci claim binds them at the next boot:"
+        )
+        out += [f"  - {r}" for r in binding]
+    if later:
         out.append("needs a later deploy (not applied by this one yet), then a reboot:")
-        out += [f"  - {r}" for r in plan.reboot_later]
+        out += [f"  - {r}" for r in later]
     if plan.notes:
         out.append("notes:")
         out += [f"  - {n}" for n in plan.notes]
