@@ -293,6 +293,7 @@ def test_tokens_file_format_and_replacement(tmp_path: Path) -> None:
     assert os.stat(path.parent).st_mode & 0o777 == 0o700
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 def test_container_power_tasks(served: tuple[Path, int, str]) -> None:
     root, port, secret = served
     px = client(root, port, secret)
