@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from facts.containers import PackageVersion
 from facts.proxmox import GuestConfig
+from gpuhost.guestdevices import node_major, node_minor
 from gpuhost.hostfacts import HostFacts
 from gpuhost.spec import HostSpec
 from gpuhost.spec_guests import LxcGuest
@@ -50,24 +51,6 @@ def record_path(ctid: int) -> str:
 
 def restart_marker(ctid: int) -> str:
     return f"{RECORD_PREFIX}{int(ctid)}-restart"
-
-
-def node_minor(node: str) -> int | None:
-    """nvidiaN -> N, nvidiactl 255, nvidia-uvm 0, nvidia-uvm-tools 1 (the driver's minors)."""
-    name = node.removeprefix("/dev/")
-    fixed = {"nvidiactl": 255, "nvidia-uvm": 0, "nvidia-uvm-tools": 1}
-    if name in fixed:
-        return fixed[name]
-    suffix = name.removeprefix("nvidia")
-    return int(suffix) if suffix.isdigit() else None
-
-
-def node_major(node: str, majors: dict[str, int]) -> int | None:
-    """The live major of a node, from /proc/devices (nvidia-uvm's is dynamic)."""
-    name = node.removeprefix("/dev/")
-    if name.startswith("nvidia-uvm"):
-        return majors.get("nvidia-uvm")
-    return majors.get("nvidia", majors.get("nvidiactl"))
 
 
 def raw_lines(nodes: tuple[str, ...], majors: dict[str, int]) -> tuple[str, ...] | None:

@@ -15,6 +15,26 @@ if TYPE_CHECKING:
 LXC_COMMON_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
+def node_minor(node: str) -> int | None:
+    """nvidiaN -> N, nvidiactl 255, nvidia-uvm 0, nvidia-uvm-tools 1 (the driver's minors)."""
+    name = node.removeprefix("/dev/")
+    fixed = {"nvidiactl": 255, "nvidia-uvm": 0, "nvidia-uvm-tools": 1}
+    if name in fixed:
+        return fixed[name]
+    suffix = name.removeprefix("nvidia")
+    return int(suffix) if suffix.isdigit() else None
+
+
+def node_major(node: str, majors: dict[str, int]) -> int | None:
+    """The live major of a node, from /proc/devices (nvidia-uvm's and nvidia-caps' are dynamic)."""
+    name = node.removeprefix("/dev/")
+    if name.startswith("nvidia-uvm"):
+        return majors.get("nvidia-uvm")
+    if name.startswith("nvidia-caps/"):
+        return majors.get("nvidia-caps")
+    return majors.get("nvidia", majors.get("nvidiactl"))
+
+
 def guest_devices(
     assignments: list[GpuAssignment], facts: HostFacts
 ) -> tuple[dict[int, tuple[str, ...]], dict[int, tuple[str, ...]]]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from gpuhost.audit.model import Finding
 from gpuhost.audit.observe import GuestView, HostView
+from gpuhost.guestdevices import node_major, node_minor
 from gpuhost.plan import ManagedFile, Plan
 from gpuhost.spec import HostSpec
 
@@ -34,23 +35,10 @@ class AuditContext:
 
     def live_major(self, node: str) -> int | None:
         """The major a device node must carry now, from /proc/devices."""
-        majors = self.host.facts.char_devices
-        name = node.removeprefix("/dev/")
-        if name.startswith("nvidia-uvm"):
-            return majors.get("nvidia-uvm")
-        if name.startswith("nvidia-caps/"):
-            return majors.get("nvidia-caps")
-        return majors.get("nvidia", majors.get("nvidiactl"))
+        return node_major(node, self.host.facts.char_devices)
 
 
-def expected_minor(node: str) -> int | None:
-    """The minor of an NVIDIA node: nvidiaN -> N, nvidiactl 255, nvidia-uvm 0, -tools 1."""
-    name = node.removeprefix("/dev/")
-    fixed = {"nvidiactl": 255, "nvidia-uvm": 0, "nvidia-uvm-tools": 1}
-    if name in fixed:
-        return fixed[name]
-    suffix = name.removeprefix("nvidia")
-    return int(suffix) if suffix.isdigit() else None
+expected_minor = node_minor  # the audit's name for it
 
 
 def file_findings(ctx: AuditContext, managed: list[ManagedFile], fix: str) -> list[Finding]:
