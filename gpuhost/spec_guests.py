@@ -20,21 +20,18 @@ from gpuhost.values import (
     MAX_GPU_INDEX,
     MAX_ITEMS,
     AbsPath,
-    AptUrl,
     CudaVersion,
     DnsName,
     EnvName,
     EnvValue,
     Hostname,
-    IndexUrl,
     MachineType,
     PipRequirement,
-    PyModule,
     PythonVersion,
-    ServiceArg,
     Username,
     normalize_bdf,
 )
+from gpuhost.values_guest import AptUrl, IndexUrl, PyModule, ServiceArg
 
 
 class Model(BaseModel):
