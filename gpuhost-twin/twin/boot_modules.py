@@ -39,20 +39,6 @@ from pathlib import Path
 from twin import hwsim
 from twin.kernel_choice import BOOTCFG
 
-# Debian's udev initramfs hook (systemd debian/extra/initramfs-tools/hooks/udev) copies these
-# rules files, and /etc/udev/rules.d/*.rules that have no /usr/lib/udev/rules.d twin.
-INITRAMFS_RULES = (
-    "50-firmware.rules",
-    "50-udev-default.rules",
-    "60-block.rules",
-    "60-persistent-storage.rules",
-    "61-persistent-storage-android.rules",
-    "71-seat.rules",
-    "73-special-net-names.rules",
-    "75-net-description.rules",
-    "80-net-setup-link.rules",
-    "80-drivers.rules",
-)
 # What an initramfs always has (busybox, kmod): an install command may name them.
 INITRAMFS_BINARIES = ("/bin/sh", "/sbin/modprobe", "/usr/sbin/modprobe", "/bin/true", "/bin/false")
 

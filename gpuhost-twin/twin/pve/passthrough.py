@@ -37,6 +37,7 @@ from . import mapping
 from . import options as opts
 from .guest_state import is_running, running_state
 from .schema import FormatError, PveError, parse_property_string
+from .tasks import _alive
 
 PCIRE = r"[a-f0-9]{4,}:[a-f0-9]{2}:[a-f0-9]{2}\.[a-f0-9]"
 RESERVATIONS = "run/qemu-server/pci-id-reservations"
@@ -270,14 +271,6 @@ def holders(root: Path, bdf: str) -> list[str]:
         found.append("nvidia-persistenced")
     return found
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
