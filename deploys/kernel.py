@@ -1,6 +1,7 @@
 """The spec's kernel, installed beside the running one: a Proxmox package by release (apt, from
 the host's own sources), or the .debs `gpuhost build` left in the artifact store (dpkg only: a
-reprovisioned host compiles nothing).
+reprovisioned host compiles nothing). The store is a directory on the control machine, or the
+one on the build host that artifacts.build_host names (gpuhost/remotestore.py).
 
 Installing never makes the new kernel boot: deploys/trial_boot.py pinned the running kernel
 first, and only the trial boot starts the new one, once. Whether the kernel is installed comes
@@ -18,10 +19,12 @@ from pyinfra.api import DeployError, FileUploadCommand, operation
 from pyinfra.facts.apt import noninteractive_apt
 
 from deploys.context import observed
-from gpuhost.artifacts import ArtifactStore
+from gpuhost.artifacts import ArtifactError
+from gpuhost.buildhost import BuildHostError
 from gpuhost.inventory import SPEC_KEY
 from gpuhost.kernelstore import KernelInstall, KernelStoreError, installed_problem, plan_install
 from gpuhost.plan import STATE_DIR, Plan
+from gpuhost.remotestore import store_for
 from gpuhost.spec import HostSpec
 
 DEB_DIR = f"{STATE_DIR}/kernel-debs"
@@ -45,10 +48,15 @@ def install_plan(plan: Plan) -> KernelInstall | None:
         if problem:
             raise DeployError(f"{host.name}: {problem}")
         return None
-    store = ArtifactStore(spec.artifacts.store) if spec.kernel.source == "build" else None
     try:
+        # The control machine's store, or the build host's (fetched into the mirror, verified)
+        store = (
+            store_for(spec.artifacts, host.state.inventory)
+            if spec.kernel.source == "build"
+            else None
+        )
         return plan_install(release, spec.kernel.source, gcc, store)
-    except KernelStoreError as exc:
+    except (KernelStoreError, ArtifactError, BuildHostError) as exc:
         raise DeployError(f"{where}: {exc}") from None
 
 

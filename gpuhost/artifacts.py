@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 MANIFEST = "manifest.json"
 _SLUG = re.compile(r"[^A-Za-z0-9.+_-]+")
@@ -61,12 +62,22 @@ class Artifact:
         return self.directory / name
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+class StoreReader(Protocol):
+    """What installing from a store reads: ArtifactStore, or a build host's (remotestore.py)."""
+
+    root: object  # a Path, or "host:/path": how messages name the store
+
+    def keys(self, kind: str, version: str, kernel: str) -> list[ArtifactKey]: ...
+
+    def get(self, key: ArtifactKey) -> Artifact | None: ...
 
 
 class ArtifactStore:
@@ -85,7 +96,7 @@ class ArtifactStore:
         files: dict[str, str] = record["files"]
         for name, digest in files.items():
             path = directory / name
-            if not path.is_file() or _sha256(path) != digest:
+            if not path.is_file() or file_sha256(path) != digest:
                 raise ArtifactError(
                     f"{path}: missing or changed since it was stored (sha256 {digest}); "
                     f"remove {directory} and build again"
@@ -112,7 +123,7 @@ class ArtifactStore:
             digests = {}
             for src in files:
                 shutil.copy2(src, staging / src.name)
-                digests[src.name] = _sha256(staging / src.name)
+                digests[src.name] = file_sha256(staging / src.name)
             record = {"key": key.__dict__, "files": digests, "meta": meta or {}}
             (staging / MANIFEST).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
             old = None

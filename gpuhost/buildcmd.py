@@ -2,59 +2,31 @@
 
 gpuhost build inventory/kpro6.py [--host kpro6] [--jobs N] [--work DIR]
 
-Runs on the control machine (artifacts.build_host is not applied yet). A host whose kernel
-comes from a package has nothing to build; a recipe already in the store is reported with its
-path and nothing is compiled.
+Runs on the control machine, or (artifacts.build_host) on the build host the inventory declares,
+over SSH (gpuhost/buildhost.py). A host whose kernel comes from a package has nothing to build;
+a recipe already in the store is reported with its path and nothing is compiled.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pyinfra.api.exceptions import PyinfraError
 
+from gpuhost import buildhost
 from gpuhost.artifacts import ArtifactStore
-from gpuhost.inventory import load_inventory
-from gpuhost.kernelbuild import KernelBuildError, KernelRecipe, _jobs, build
+from gpuhost.inventory import load_hosts
+from gpuhost.kernelbuild import KernelRecipe, build, local_jobs, source_tree
 from gpuhost.spec import HostSpec
 
 
-def mem_available(meminfo: str) -> int:
-    """MemAvailable from /proc/meminfo's text, in bytes."""
-    for line in meminfo.splitlines():
-        name, _, rest = line.partition(":")
-        if name == "MemAvailable":
-            return int(rest.split()[0]) * 1024
-    raise KernelBuildError("/proc/meminfo has no MemAvailable line")
-
-
-def local_jobs() -> int:
-    return _jobs(os.cpu_count() or 1, mem_available(Path("/proc/meminfo").read_text()))
-
-
-def source_tree(repo: str, ref: str, work: Path) -> Path:
-    """The tree to build: an absolute path as it is, a git URL cloned at ``ref`` into ``work``."""
-    return Path(repo) if repo.startswith("/") else clone(repo, ref, work)
-
-
-def clone(repo: str, ref: str, work: Path) -> Path:
-    """A shallow clone of ``repo`` at ``ref`` (branch or tag) under ``work``."""
-    dest = work / f"src-{hashlib.sha256(repo.encode()).hexdigest()[:12]}"
-    argv = ["git", "clone", "--quiet", "--depth", "1", "--branch", ref, "--", repo, str(dest)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        # git's message may quote the URL; the grammar already refused credentials in it.
-        raise KernelBuildError(f"git clone of kernel.build.repo at {ref!r} failed: {done.stderr}")
-    return dest
-
-
-def recipe_for(name: str, spec: HostSpec, tree: Path) -> KernelRecipe:
+def recipe_fields(name: str, spec: HostSpec) -> dict[str, Any]:
+    """The KernelRecipe fields a spec sets (all but the tree, which the building machine finds,
+    and ARCH, which is that machine's)."""
     recipe = spec.kernel.build
     if spec.kernel.source != "build" or recipe is None:
         raise PyinfraError(f"{name}: kernel.source is 'package'; there is nothing to build")
@@ -63,24 +35,32 @@ def recipe_for(name: str, spec: HostSpec, tree: Path) -> KernelRecipe:
             f"{name}: kernel.build.patches are not applied yet; apply them to the tree and "
             "remove them from the spec"
         )
-    return KernelRecipe(
-        tree=tree,
-        base_config=recipe.base_config,
-        release=spec.kernel.version,
-        localversion=recipe.localversion_for(spec.kernel.version),
-        cc=f"gcc-{spec.toolchain.gcc.split('.')[0]}",
-        fragment=dict(recipe.config),
-    )
+    return {
+        "base_config": recipe.base_config,
+        "release": spec.kernel.version,
+        "localversion": recipe.localversion_for(spec.kernel.version),
+        "cc": f"gcc-{spec.toolchain.gcc.split('.')[0]}",
+        "fragment": dict(recipe.config),
+    }
 
 
-def build_host(name: str, spec: HostSpec, jobs: int | None, work: Path | None) -> str:
-    """Build ``name``'s kernel into its store (or find it there); the line to print."""
-    if spec.artifacts.build_host is not None:
-        raise PyinfraError(
-            f"{name}: artifacts.build_host is not applied yet; remove it to build on this machine"
-        )
+def recipe_for(name: str, spec: HostSpec, tree: Path) -> KernelRecipe:
+    return KernelRecipe(tree=tree, **recipe_fields(name, spec))
+
+
+def build_for(
+    name: str,
+    spec: HostSpec,
+    jobs: int | None,
+    work: Path | None,
+    builders: dict[str, dict[str, Any]] | None = None,
+) -> str:
+    """Build ``name``'s kernel into its store (or find it there); the line to print.
+    ``builders``: the inventory's build hosts (name -> host data), for artifacts.build_host."""
     if spec.kernel.source != "build" or spec.kernel.build is None:
         return f"{name}: kernel.source is 'package' ({spec.kernel.version}); nothing to build"
+    if spec.artifacts.build_host is not None:
+        return _build_remote(name, spec, jobs, work, builders or {})
     store = ArtifactStore(spec.artifacts.store)
     scratch = Path(tempfile.mkdtemp(prefix="gpuhost-build-", dir=work or "/var/tmp"))
     try:
@@ -94,8 +74,40 @@ def build_host(name: str, spec: HostSpec, jobs: int | None, work: Path | None) -
     return f"{name}: built {spec.kernel.version} into {where}"
 
 
+def _build_remote(
+    name: str,
+    spec: HostSpec,
+    jobs: int | None,
+    work: Path | None,
+    builders: dict[str, dict[str, Any]],
+) -> str:
+    builder = spec.artifacts.build_host
+    assert spec.kernel.build is not None and builder is not None
+    if builder not in builders:  # load_hosts checked it; a caller passing its own may not have
+        raise PyinfraError(f"{name}: artifacts.build_host {builder!r} is not in the inventory")
+    host = buildhost.connect(builder, builders[builder])
+    try:
+        answer = buildhost.build(
+            host,
+            {
+                "repo": spec.kernel.build.repo,
+                "ref": spec.kernel.build.ref,
+                "recipe": recipe_fields(name, spec),
+                "store": spec.artifacts.store,
+                "work": str(work) if work else None,
+                "jobs": jobs,
+            },
+        )
+    finally:
+        host.disconnect()
+    where = f"{builder}:{answer['directory']}"
+    if answer["cached"]:
+        return f"{name}: already in the store: {where}"
+    return f"{name}: built {spec.kernel.version} on {builder} (-j{answer['jobs']}) into {where}"
+
+
 def run(args: argparse.Namespace) -> int:
-    hosts = load_inventory(args.inventory)
+    hosts, builders = load_hosts(args.inventory)
     if args.host:
         if args.host not in hosts:
             raise PyinfraError(
@@ -104,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         hosts = {args.host: hosts[args.host]}
     work = Path(args.work) if args.work else None
     for name, (spec, _) in hosts.items():
-        print(build_host(name, spec, args.jobs, work), flush=True)
+        print(build_for(name, spec, args.jobs, work, builders), flush=True)
     return 0
 
 
@@ -117,5 +129,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="parallel make jobs (default: min(cores, (MemAvailable - 2 GiB) / 1.5 GiB), >= 1)",
     )
-    cmd.add_argument("--work", help="directory for the build's scratch space (default /var/tmp)")
+    cmd.add_argument(
+        "--work",
+        help="directory for the build's scratch space, on the machine that builds (default /var/tmp)",
+    )
     cmd.set_defaults(run=run)

@@ -25,22 +25,24 @@ import re
 import runpy
 import sys
 import types
-import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from pyinfra.api.exceptions import InventoryError
 
 from gpuhost.hostkeys import unknown_host_key
-from gpuhost.redact import is_secret_name, mask_secrets, show
+from gpuhost.redact import show
 from gpuhost.spec import HostSpec
-from gpuhost.spec_guests import GUEST_KINDS
+from gpuhost.specerrors import describe
+
+__all__ = ["describe"]  # re-exported: callers read spec errors through the inventory
 
 SPEC_KEY = "gpuhost"  # host data key that holds the validated HostSpec
 SOURCE_KEY = "gpuhost_source"  # host data key: the inventory file that declared the host
 GUEST_KEY = "gpuhost_guest"  # host data key of a guest host (gpuhost/guestinventory.py)
+BUILD_KEY = "gpuhost_build_host"  # host data key of a build host (artifacts.build_host)
 CHECK_GROUP = "gpuhost_inventory_check"  # the (empty) group that checks a whole inventory file
 _REGISTRY = "__gpuhost_hosts__"  # name -> entry, in the inventory file's namespace
 MAX_PROBLEMS = 25
@@ -77,130 +79,6 @@ def _capped(problems: list[str]) -> list[str]:
     if len(problems) <= MAX_PROBLEMS:
         return problems
     return [*problems[:MAX_PROBLEMS], f"... and {len(problems) - MAX_PROBLEMS} more problem(s)"]
-
-
-# --- messages -------------------------------------------------------------------------------------
-
-
-def _models_in(annotation: Any) -> list[Any]:
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Annotated:
-        return _models_in(args[0])
-    if origin in (typing.Union, types.UnionType, list):
-        return [m for a in args for m in _models_in(a)]
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return []
-
-
-def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """The spec model a location points into, following pydantic's raw error location."""
-    model: Any = HostSpec
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if isinstance(model, list):  # the guest union: the next part is its tag
-            model = GUEST_KINDS.get(part)
-            continue
-        if model is None or part not in model.model_fields:
-            return None
-        inner = _models_in(model.model_fields[part].annotation)
-        model = inner[0] if len(inner) == 1 else (inner or None)
-    return model if isinstance(model, type) else None
-
-
-def _is_dict_field(loc: tuple[int | str, ...]) -> bool:
-    model = _model_at(loc[:-1])
-    if model is None or not isinstance(loc[-1], str) or loc[-1] not in model.model_fields:
-        return False
-    annotation = model.model_fields[loc[-1]].annotation
-    return typing.get_origin(annotation) is dict
-
-
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for n, part in enumerate(loc):
-        previous = loc[n - 1] if n else None
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part in GUEST_KINDS and isinstance(previous, int) and loc[:1] == ("guests",):
-            pass  # the discriminated-union tag pydantic inserts
-        elif part in ("list", "rest") and previous == "gpus":
-            pass  # the tag of the gpus union
-        elif part == "[key]":
-            path += " (the name)"
-        elif n and _is_dict_field(loc[:n]):
-            path += f"[{show(part, 40)}]"
-        else:
-            path += f".{part}" if path else part
-    return path or "(spec)"
-
-
-def _is_secret(loc: tuple[int | str, ...]) -> bool:
-    return "env" in loc or any(is_secret_name(p) for p in loc)
-
-
-def _unknown_field(loc: tuple[int | str, ...], path: str) -> str:
-    name, parent = loc[-1], loc[:-1]
-    model = _model_at(parent)
-    if not isinstance(name, str) or model is None:
-        return f"{path}: unknown field"
-    kind = parent[-1] if parent and parent[0] == "guests" and parent[-1] in GUEST_KINDS else None
-    for other, other_model in GUEST_KINDS.items():
-        if kind and other != kind and name in other_model.model_fields:
-            return f"{path}: {name!r} is a field of {other} guests, this guest is kind {kind!r}"
-    close = difflib.get_close_matches(name, list(model.model_fields), n=1, cutoff=0.6)
-    if close:
-        base = path[: -len(name)] if path.endswith(name) else ""
-        return f"{path}: unknown field; did you mean {base}{close[0]}?"
-    return f"{path}: unknown field; check the spelling against the inventory reference in README.md"
-
-
-TYPE_HINTS = {
-    "int_type": "write a whole number without quotes",
-    "bool_type": "write True or False",
-    "string_type": "write it as a string, in quotes",
-    "list_type": "write a list, in [ ]",
-    "dict_type": "write a mapping, in { }",
-    "model_type": "write a mapping of fields, in { }",
-    "model_attributes_type": "write a mapping of fields, in { }",
-}
-
-
-def _problem(error: Any) -> str:
-    loc = tuple(error["loc"])
-    path = _field_path(loc)
-    kind = error["type"]
-    message = mask_secrets(error["msg"].removeprefix("Value error, "))
-    value = error.get("input")
-    if kind == "extra_forbidden":
-        return _unknown_field(loc, path)
-    if kind == "missing":
-        return f"{path}: required field is missing"
-    if kind == "union_tag_not_found":
-        return f"{path}.kind: required field is missing; write 'lxc' (a container) or 'vm'"
-    if kind == "union_tag_invalid":
-        tag = value.get("kind") if isinstance(value, dict) else value
-        return f"{path}.kind = {show(tag)}: write 'lxc' (a container) or 'vm'"
-    if kind == "cross_field":
-        return f"{path}: {message}"
-    if path.endswith(".gpus") and kind in ("literal_error", "list_type"):
-        message = "give a list of PCI addresses/nvidia-smi indexes, or 'rest'"
-    elif kind in TYPE_HINTS:
-        hint = TYPE_HINTS[kind]
-        if kind == "int_type" and isinstance(value, bool):
-            hint = "True/False is not a number; " + hint
-        message = f"{message}; {hint}"
-    shown = "'***'" if _is_secret(loc) else show(value)
-    return f"{path} = {shown}: {message}"
-
-
-def describe(exc: ValidationError) -> list[str]:
-    """One line per problem (SpecError caps them at MAX_PROBLEMS)."""
-    lines: dict[str, None] = {}
-    for error in exc.errors(include_url=False):
-        lines.setdefault(_problem(error))
-    return list(lines)
 
 
 def validate_spec(source: str, host: str, data: dict[str, Any]) -> HostSpec:
@@ -294,6 +172,46 @@ def gpu_host(
     return entry
 
 
+def build_host(
+    name: str, source: str | None = None, **host_data: Any
+) -> tuple[str, dict[str, Any]]:
+    """An inventory entry for a build host: the machine a spec's ``artifacts.build_host`` names,
+    where `gpuhost build` builds kernels into ``artifacts.store`` and where deploys take them
+    from. It has no spec, and deploys/gpu_host.py changes nothing on it.
+
+    + name: the pyinfra host name, the value of ``artifacts.build_host``
+    + host_data: its SSH settings, as for :func:`gpu_host`; host keys are verified
+    """
+    frame = _caller()
+    if source is None:
+        source = frame.f_code.co_filename
+    source = os.path.relpath(source) if os.path.isabs(source) else source
+    problems = (
+        []
+        if isinstance(name, str) and HOST_NAME_RE.fullmatch(name)
+        else [
+            f"build host name {show(name)} is not a pyinfra host name; write a host name or address"
+        ]
+    )
+    problems += [p for p in _host_data_problems(host_data) if "gpu_host()" not in p]
+    if BUILD_KEY in host_data or SPEC_KEY in host_data:
+        problems.append(
+            f"host data {BUILD_KEY!r}/{SPEC_KEY!r}: a build host has neither; remove it"
+        )
+    registry = _registry(frame, source)
+    if registry is not None and name in registry:
+        problems.append(f"host {name!r} is declared twice in this inventory; declare it once")
+    if problems:
+        raise InventoryFileError(source, [f"build host {show(name)}: {p}" for p in problems])
+    data = {"ssh_strict_host_key_checking": "yes", **host_data, BUILD_KEY: True}
+    data[SOURCE_KEY] = source
+    _warn_unknown_host_key(name, data)
+    entry = (name, data)
+    if registry is not None:
+        registry[name] = entry
+    return entry
+
+
 _READ_FOR_SPECS: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "gpuhost_read", default=False
 )
@@ -345,7 +263,11 @@ def inventory_problems(namespace: dict[str, Any]) -> list[str]:
         for entry in hosts:
             if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict):
                 name = entry[0]
-                if isinstance(entry[1].get(SPEC_KEY), HostSpec) or GUEST_KEY in entry[1]:
+                if (
+                    isinstance(entry[1].get(SPEC_KEY), HostSpec)
+                    or GUEST_KEY in entry[1]
+                    or entry[1].get(BUILD_KEY) is True
+                ):
                     if declared.get(name, id(entry)) != id(entry):
                         problems.append(
                             f"host {show(name)} is declared twice (group {group!r}); declare "
@@ -372,7 +294,27 @@ def inventory_problems(namespace: dict[str, Any]) -> list[str]:
                 f"host {show(name)} in group {group!r} has no gpuhost spec; declare it with "
                 "gpuhost.inventory.gpu_host(name, spec={...}) or move it to another inventory"
             )
-    return problems
+    return problems + build_host_problems(namespace)
+
+
+def build_host_problems(namespace: dict[str, Any]) -> list[str]:
+    """Every ``artifacts.build_host`` must name a build host this inventory file declares."""
+    builders, wanted = set(), {}
+    for _, hosts in _host_groups(namespace):
+        for entry in hosts:
+            if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict)):
+                continue
+            if entry[1].get(BUILD_KEY) is True:
+                builders.add(entry[0])
+            elif isinstance(spec := entry[1].get(SPEC_KEY), HostSpec) and spec.artifacts.build_host:
+                wanted.setdefault(entry[0], spec.artifacts.build_host)
+    return [
+        f"host {show(name)}: artifacts.build_host = {show(builder)} is not a build host of this "
+        f"inventory; declare it with gpuhost.inventory.build_host({builder!r}, ssh_hostname=...) "
+        "in a host group, or remove artifacts.build_host to build on the control machine"
+        for name, builder in wanted.items()
+        if builder not in builders
+    ]
 
 
 class InventoryCheck(list):  # type: ignore[type-arg]
@@ -401,6 +343,13 @@ class InventoryCheck(list):  # type: ignore[type-arg]
 
 def load_inventory(path: str | Path) -> dict[str, tuple[HostSpec, dict[str, Any]]]:
     """Read an inventory file the way pyinfra does and return host -> (spec, other host data)."""
+    return load_hosts(path)[0]
+
+
+def load_hosts(
+    path: str | Path,
+) -> tuple[dict[str, tuple[HostSpec, dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """An inventory file's GPU hosts (name -> (spec, other data)) and build hosts (name -> data)."""
     token = _READ_FOR_SPECS.set(True)  # no connection follows from this read: no key hints
     try:
         namespace = runpy.run_path(str(path))
@@ -411,6 +360,7 @@ def load_inventory(path: str | Path) -> dict[str, tuple[HostSpec, dict[str, Any]
     if problems:
         raise InventoryFileError(source, problems)
     hosts: dict[str, tuple[HostSpec, dict[str, Any]]] = {}
+    builders: dict[str, dict[str, Any]] = {}
     for _, entries in _host_groups(namespace):
         for entry in entries:
             if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict):
@@ -418,8 +368,10 @@ def load_inventory(path: str | Path) -> dict[str, tuple[HostSpec, dict[str, Any]
                 if isinstance(data.get(SPEC_KEY), HostSpec):
                     rest = {k: v for k, v in data.items() if k != SPEC_KEY}
                     hosts[name] = (data[SPEC_KEY], rest)
+                elif data.get(BUILD_KEY) is True:
+                    builders[name] = data
     if not hosts:
         raise InventoryError(
             f"{path}: no gpuhost hosts; declare them with gpuhost.inventory.gpu_host()"
         )
-    return hosts
+    return hosts, builders

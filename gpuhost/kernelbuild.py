@@ -69,6 +69,35 @@ def _jobs(cores: int, mem_available: int, per_job: int = KERNEL_JOB_BYTES) -> in
     return max(1, min(cores, (mem_available - RESERVE_BYTES) // per_job))
 
 
+def mem_available(meminfo: str) -> int:
+    """MemAvailable from /proc/meminfo's text, in bytes."""
+    for line in meminfo.splitlines():
+        name, _, rest = line.partition(":")
+        if name == "MemAvailable":
+            return int(rest.split()[0]) * 1024
+    raise KernelBuildError("/proc/meminfo has no MemAvailable line")
+
+
+def local_jobs() -> int:
+    return _jobs(os.cpu_count() or 1, mem_available(Path("/proc/meminfo").read_text()))
+
+
+def source_tree(repo: str, ref: str, work: Path) -> Path:
+    """The tree to build: an absolute path as it is, a git URL cloned at ``ref`` into ``work``."""
+    return Path(repo) if repo.startswith("/") else clone(repo, ref, work)
+
+
+def clone(repo: str, ref: str, work: Path) -> Path:
+    """A shallow clone of ``repo`` at ``ref`` (branch or tag) under ``work``."""
+    dest = work / f"src-{hashlib.sha256(repo.encode()).hexdigest()[:12]}"
+    argv = ["git", "clone", "--quiet", "--depth", "1", "--branch", ref, "--", repo, str(dest)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        # git's message may quote the URL; the grammar already refused credentials in it.
+        raise KernelBuildError(f"git clone of kernel.build.repo at {ref!r} failed: {done.stderr}")
+    return dest
+
+
 @dataclass(frozen=True)
 class KernelRecipe:
     tree: Path  # a kernel source tree: top-level Makefile with VERSION/PATCHLEVEL/SUBLEVEL

@@ -5,14 +5,15 @@ only dpkg runs on it, so nothing compiles there. The store may hold a release mo
 (built by another compiler, or from another config); the host takes the one built by the spec's
 toolchain.gcc, and refuses to guess between two configs of it.
 
-Pure: reads the store on the control machine and the host's facts, runs nothing on the host.
+Reads the store (the control machine's, or a build host's) and the host's facts; runs nothing
+on the host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuhost.artifacts import Artifact, ArtifactError, ArtifactKey, ArtifactStore
+from gpuhost.artifacts import Artifact, ArtifactError, ArtifactKey, StoreReader
 from gpuhost.toolchain import ToolchainError, parse_compiler
 
 # Packages of a Proxmox kernel by release (formats.md §6): the image (the -signed build
@@ -51,7 +52,7 @@ def _gcc(text: str) -> str | None:
     return found.version if found.name == "gcc" else None
 
 
-def stored_kernel(store: ArtifactStore, release: str, gcc: str) -> Artifact:
+def stored_kernel(store: StoreReader, release: str, gcc: str) -> Artifact:
     """The stored build of ``release`` by GCC ``gcc`` (X.Y.Z), verified file by file."""
     keys = store.keys("kernel", release, release)
     if not keys:
@@ -94,7 +95,7 @@ def _debs(artifact: Artifact) -> tuple[str, ...]:
     return tuple(str(artifact.file(n)) for n in names)
 
 
-def plan_install(release: str, source: str, gcc: str, store: ArtifactStore | None) -> KernelInstall:
+def plan_install(release: str, source: str, gcc: str, store: StoreReader | None) -> KernelInstall:
     """What installing ``release`` takes (raises KernelStoreError when the store cannot say)."""
     if source == "package":
         packages = tuple(p.format(release=release) for p in PROXMOX_PACKAGES)

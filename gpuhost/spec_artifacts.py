@@ -10,6 +10,7 @@ from gpuhost.values import AbsPath, Hostname
 # An explicit, machine-wide default: not under a home directory, so root's and an operator's
 # runs of `gpuhost build` find the same store.
 DEFAULT_STORE = "/var/cache/gpuhost/artifacts"
+DEFAULT_MIRROR = "/var/cache/gpuhost/mirror"
 
 
 class ArtifactsSpec(BaseModel):
@@ -25,6 +26,13 @@ class ArtifactsSpec(BaseModel):
     )
     build_host: Hostname | None = Field(
         None,
-        description="Build on this host over SSH, into `store` there. Not applied yet: "
-        "`gpuhost build` refuses it; None builds on the control machine.",
+        description="Build on this host over SSH, into `store` there; deploys take the kernel "
+        "from that store. It names a host the inventory declares with "
+        "`gpuhost.inventory.build_host(name, ssh_hostname=...)`. None builds on the control "
+        "machine.",
+    )
+    mirror: AbsPath = Field(
+        DEFAULT_MIRROR,
+        description="With build_host: where the control machine keeps verified copies of what "
+        "deploys took from the build host's store (one directory per build host and store).",
     )

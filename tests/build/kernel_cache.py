@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpuhost.artifacts import Artifact, ArtifactKey, ArtifactStore
-from gpuhost.buildcmd import local_jobs
-from gpuhost.kernelbuild import INDEX, KernelRecipe, build, tree_version
+from gpuhost.kernelbuild import INDEX, KernelRecipe, build, local_jobs, tree_version
 
 TARBALL = Path("/usr/src/linux-source-6.1.tar.xz")
 APT_PACKAGES = Path(__file__).with_name("APT_PACKAGES")

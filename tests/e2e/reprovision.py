@@ -57,14 +57,19 @@ class Provisioned:
     compiler_runs: list[str]  # gcc-12 and make runs on the twin (version queries left out)
 
 
-def provision(start, kernel: BuiltKernel, tmp: Path, name: str) -> Provisioned:
-    """Start a fresh kpro6 twin (``start(profile)``), deploy the spec once, time it."""
+def provision(
+    start, kernel: BuiltKernel, tmp: Path, name: str, artifacts: dict | None = None, builders=""
+) -> Provisioned:
+    """Start a fresh kpro6 twin (``start(profile)``), deploy the spec once, time it.
+    ``artifacts``/``builders``: the spec's artifacts and the build hosts that declares."""
     twin = start(fresh_kpro6(tmp))
     log = count_compiler_runs(twin)
     installer = tmp / "nvidia" / f"NVIDIA-Linux-x86_64-{VERSION}.run"
     if not installer.exists():
         build_installer(VERSION, installer.parent)
-    inv = inventory(tmp / f"{name}.py", twin, host_spec(kernel, tmp / "driver-store", installer))
+    spec = host_spec(kernel, tmp / "driver-store", installer)
+    spec["artifacts"] = artifacts or spec["artifacts"]
+    inv = inventory(tmp / f"{name}.py", twin, spec, builders)
     started = time.monotonic()
     result = deploy(inv)
     return Provisioned(twin, inv, result, time.monotonic() - started, runs(log))

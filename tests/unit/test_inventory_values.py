@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import InventoryError
 
-from gpuhost.inventory import CHECK_GROUP, SOURCE_KEY, SPEC_KEY, SpecError, gpu_host, load_inventory
+from gpuhost.inventory import (
+    BUILD_KEY,
+    CHECK_GROUP,
+    SOURCE_KEY,
+    SPEC_KEY,
+    SpecError,
+    gpu_host,
+    load_hosts,
+    load_inventory,
+)
 from gpuhost.spec import HostSpec
 
 ROOT = Path(__file__).parents[2]
@@ -221,3 +230,13 @@ def test_pyinfra_debug_inventory_shows_the_spec() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     output = run.stdout + run.stderr
     assert '"pc-q35-8.1+pve0"' in output and "Connecting" not in output
+
+
+def test_a_build_host_is_declared_beside_its_gpu_hosts() -> None:
+    hosts, builders = load_hosts(FIXTURES / "good" / "build_host.py")
+    assert list(hosts) == ["kpro6"] and hosts["kpro6"][0].artifacts.build_host == "builder"
+    data = builders["builder"]
+    assert data[BUILD_KEY] is True and SPEC_KEY not in data
+    assert data["ssh_hostname"] == "192.0.2.9" and data["ssh_strict_host_key_checking"] == "yes"
+    assert data[SOURCE_KEY] == os.path.relpath(FIXTURES / "good" / "build_host.py")
+    assert hosts["kpro6"][0].artifacts.mirror == "/var/cache/gpuhost/mirror"

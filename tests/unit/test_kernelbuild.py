@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.buildcmd import build_host, clone, mem_available, recipe_for, source_tree
+from gpuhost.buildcmd import build_for, recipe_for
 from gpuhost.cli import main
 from gpuhost.inventory import SpecError, validate_spec
 from gpuhost.kernelbuild import (
@@ -19,12 +19,15 @@ from gpuhost.kernelbuild import (
     KernelBuildError,
     KernelRecipe,
     _jobs,
+    clone,
     compiler_text,
     config_hash,
     fragment_lines,
     inputs_hash,
     machine_arch,
     make_argv,
+    mem_available,
+    source_tree,
     tree_version,
 )
 from gpuhost.spec import HostSpec
@@ -182,12 +185,12 @@ def test_the_store_is_an_absolute_path(store, says):
 
 def test_gpuhost_build_refusals(tmp_path):
     package = HostSpec.model_validate({**BASE, "kernel": {"version": "6.8.12-9-pve"}})
-    assert build_host("kb", package, 1, tmp_path) == (
+    assert build_for("kb", package, 1, tmp_path) == (
         "kb: kernel.source is 'package' (6.8.12-9-pve); nothing to build"
     )
     remote = HostSpec.model_validate({**BASE, "artifacts": {"build_host": "builder.lan"}})
-    with pytest.raises(Exception, match=r"artifacts\.build_host is not applied yet"):
-        build_host("kb", remote, 1, tmp_path)
+    with pytest.raises(Exception, match=r"artifacts\.build_host 'builder\.lan' is not in the"):
+        build_for("kb", remote, 1, tmp_path, builders={})
     patched = {**BUILD, "build": {**BUILD["build"], "patches": ["patches/acs.patch"]}}
     spec = HostSpec.model_validate({**BASE, "kernel": patched})
     with pytest.raises(Exception, match="patches are not applied yet"):

@@ -1,0 +1,145 @@
+"""`gpuhost build` on a build host (artifacts.build_host): the real kernel build, run over real SSH
+on the build host into the store there, and that store read back the way deploys read it.
+
+The build host is this machine behind its own sshd (tests/build/sshd.py), with the compiler
+wrapper first on its sessions' PATH, logging every call: the store, tree, work directory and
+compiler are the build host's, reached only through SSH. The build is the one
+tests/build/kernel_cache.py caches, so its key must come out the same; the store is new, so the
+build really runs there (minutes, once per test run).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuhost import buildhost
+from gpuhost.artifacts import ArtifactError, ArtifactKey, ArtifactStore
+from gpuhost.remotestore import RemoteStore
+from tests.build.kernel_cache import CC_LOG, BuiltKernel, source_tree, spec, wrapper_dir
+from tests.build.sshd import LocalBuildHost, local_build_host
+
+GPUHOST = Path(sys.executable).parent / "gpuhost"
+
+
+@pytest.fixture(scope="module")
+def builder(built_kernel: BuiltKernel, tmp_path_factory) -> LocalBuildHost:
+    where = tmp_path_factory.mktemp("builder")
+    log = where / "cc.log"
+    with local_build_host(where / "ssh", [wrapper_dir()], {CC_LOG: str(log)}) as bh:
+        yield bh
+
+
+def cc_calls(builder: LocalBuildHost) -> list[str]:
+    log = builder.key.parents[1] / "cc.log"
+    return (
+        [line for line in log.read_text().splitlines() if "--version" not in line]
+        if log.is_file()
+        else []
+    )
+
+
+def inventory(path: Path, builder: LocalBuildHost, store: Path, work: Path) -> Path:
+    host = {**spec(source_tree(), store), "driver": {"version": "595.71.05"}}
+    host["artifacts"] = {"store": str(store), "build_host": "builder"}
+    path.write_text(
+        "from gpuhost.inventory import build_host, gpu_host\n"
+        f"builders = [{builder.entry('builder')}]\n"
+        f"gpu_hosts = [gpu_host('kb', ssh_hostname='192.0.2.1', spec={host!r})]\n"
+    )
+    return path
+
+
+def gpuhost_build(inv: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(GPUHOST), "build", str(inv), *args], capture_output=True, text=True, timeout=3600
+    )
+
+
+@pytest.fixture(scope="module")
+def remote_build(builder, built_kernel, tmp_path_factory):
+    """The build, run once on the build host into a new store there."""
+    tmp = tmp_path_factory.mktemp("remote")
+    store, work = tmp / "store", tmp / "work"
+    work.mkdir()
+    inv = inventory(tmp / "inv.py", builder, store, work)
+    done = gpuhost_build(inv, "--work", str(work))
+    return inv, store, work, done
+
+
+def test_the_build_runs_on_the_build_host_into_its_store(remote_build, builder, built_kernel):
+    inv, store, work, done = remote_build
+    assert done.returncode == 0, done.stdout + done.stderr
+    (key,) = ArtifactStore(store).keys("kernel", built_kernel.release, built_kernel.release)
+    where = f"builder:{store / key.path}"
+    assert done.stdout.startswith(f"kb: built {built_kernel.release} on builder (-j")
+    assert done.stdout.endswith(f") into {where}\n")
+    # The build host's compiler ran (the wrapper its PATH has), and made the cached kernel
+    # exactly: same release, compiler string and config hash as the control machine's build.
+    assert len(cc_calls(builder)) > 100
+    assert key == ArtifactStore(built_kernel.store).keys("kernel", key.version, key.kernel)[0]
+    assert key.compiler == built_kernel.compiler
+    assert list(work.iterdir()) == []  # its scratch directory is gone
+    # Run again: the build host hashes its inputs and finds the build; nothing compiles.
+    calls = len(cc_calls(builder))
+    again = gpuhost_build(inv)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == f"kb: already in the store: {where}\n"
+    assert len(cc_calls(builder)) == calls
+
+
+def test_deploys_read_the_build_hosts_store_through_a_verified_mirror(
+    remote_build, builder, built_kernel, tmp_path
+):
+    _, store, _, done = remote_build
+    assert done.returncode == 0, done.stdout + done.stderr
+    host = buildhost.connect(
+        "builder", {**builder.host_data(), "ssh_strict_host_key_checking": "yes"}
+    )
+    try:
+        remote = RemoteStore(host, str(store), tmp_path / "mirror")
+        assert remote.root == f"builder:{store}"
+        (key,) = remote.keys("kernel", built_kernel.release, built_kernel.release)
+        assert remote.keys("kernel", "6.9.9-1-pve", "6.9.9-1-pve") == []
+        artifact = remote.get(key)
+        assert artifact is not None and artifact.directory.is_relative_to(tmp_path / "mirror")
+        assert (
+            artifact.files == json.loads((store / key.path / "manifest.json").read_text())["files"]
+        )
+        assert remote.get(ArtifactKey("kernel", "6.9.9-1-pve", "6.9.9-1-pve", key.compiler)) is None
+        # A second read takes the mirror as it is (the manifests agree; its files verified).
+        mtimes = {n: artifact.file(n).stat().st_mtime_ns for n in artifact.files}
+        assert remote.get(key) == artifact
+        assert {n: artifact.file(n).stat().st_mtime_ns for n in artifact.files} == mtimes
+        # A file damaged on the build host: refused, named, and the mirror keeps its good copy.
+        deb = next(n for n in artifact.files if n.startswith("linux-image-"))
+        remote_copy = store / key.path / deb
+        saved = remote_copy.with_name(remote_copy.name + ".good")
+        shutil.copy2(remote_copy, saved)
+        try:
+            with remote_copy.open("r+b") as f:
+                f.seek(1000)
+                f.write(b"\0" * 16)
+            artifact.file(deb).write_bytes(b"changed in the mirror")  # and the mirror's too
+            with pytest.raises(
+                ArtifactError, match=f"builder:{store / key.path / deb}: its sha256"
+            ):
+                remote.get(key)
+        finally:
+            saved.replace(remote_copy)
+        assert remote.get(key).files == artifact.files  # fetched again, verified
+    finally:
+        host.disconnect()
+
+
+def test_an_unreachable_build_host_is_named(built_kernel, tmp_path):
+    dead = LocalBuildHost(1, tmp_path / "key", tmp_path / "known_hosts")
+    inv = inventory(tmp_path / "inv.py", dead, tmp_path / "store", tmp_path)
+    done = gpuhost_build(inv)
+    assert done.returncode != 0
+    assert "build host builder: cannot connect" in done.stderr
