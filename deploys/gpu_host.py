@@ -29,7 +29,7 @@ from deploys import (
     vfio,
     vms,
 )
-from gpuhost.inventory import BUILD_KEY, GUEST_KEY
+from gpuhost.inventory import GUEST_KEY
 from gpuhost.trialstate import Step
 
 
@@ -59,6 +59,5 @@ def provision() -> None:
             split.restore(moving)
 
 
-# Guest hosts (gpuhost.guestinventory) and build hosts (artifacts.build_host) are not GPU hosts
-if host.data.get(GUEST_KEY) is None and not host.data.get(BUILD_KEY):
+if host.data.get(GUEST_KEY) is None:  # guest hosts (gpuhost.guestinventory) are not GPU hosts
     provision()

@@ -21,7 +21,7 @@ from pyinfra.facts.apt import noninteractive_apt
 from deploys.context import observed
 from gpuhost.artifacts import ArtifactError
 from gpuhost.buildhost import BuildHostError
-from gpuhost.inventory import SPEC_KEY
+from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
 from gpuhost.kernelstore import KernelInstall, KernelStoreError, installed_problem, plan_install
 from gpuhost.plan import STATE_DIR, Plan
 from gpuhost.remotestore import store_for
@@ -51,7 +51,7 @@ def install_plan(plan: Plan) -> KernelInstall | None:
     try:
         # The control machine's store, or the build host's (fetched into the mirror, verified)
         store = (
-            store_for(spec.artifacts, host.state.inventory)
+            store_for(spec.artifacts, host.data.get(SOURCE_KEY))
             if spec.kernel.source == "build"
             else None
         )

@@ -21,6 +21,7 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.exceptions import ConnectError, PyinfraError
 
 from gpuhost import remotebuild
+from gpuhost.hostkeys import unknown_host_key
 
 PACKAGE_DIR = Path(__file__).parent
 # Where the uploaded build code lives on the build host: one directory per version of it.
@@ -32,11 +33,16 @@ class BuildHostError(PyinfraError):
 
 
 def connect(name: str, data: dict[str, Any]) -> Host:
-    """A connected pyinfra host for the build host ``name`` (its inventory data ``data``)."""
+    """A connected pyinfra host for the build host ``name`` (its inventory data ``data``), in
+    a pyinfra State of its own: the pyinfra CLI's inventory never holds it."""
     inventory = Inventory(([(name, data)], {}))
     State(inventory=inventory, config=Config())
     host = inventory.get_host(name)
-    ensure_connected(host)
+    try:
+        ensure_connected(host)
+    except BuildHostError as exc:
+        hint = unknown_host_key(name, data)
+        raise BuildHostError(f"{exc}{f'; {hint}' if hint else ''}") from None
     return host
 
 

@@ -26,6 +26,7 @@ import runpy
 import sys
 import types
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,6 @@ __all__ = ["describe"]  # re-exported: callers read spec errors through the inve
 SPEC_KEY = "gpuhost"  # host data key that holds the validated HostSpec
 SOURCE_KEY = "gpuhost_source"  # host data key: the inventory file that declared the host
 GUEST_KEY = "gpuhost_guest"  # host data key of a guest host (gpuhost/guestinventory.py)
-BUILD_KEY = "gpuhost_build_host"  # host data key of a build host (artifacts.build_host)
 CHECK_GROUP = "gpuhost_inventory_check"  # the (empty) group that checks a whole inventory file
 _REGISTRY = "__gpuhost_hosts__"  # name -> entry, in the inventory file's namespace
 MAX_PROBLEMS = 25
@@ -172,44 +172,47 @@ def gpu_host(
     return entry
 
 
-def build_host(
-    name: str, source: str | None = None, **host_data: Any
-) -> tuple[str, dict[str, Any]]:
-    """An inventory entry for a build host: the machine a spec's ``artifacts.build_host`` names,
-    where `gpuhost build` builds kernels into ``artifacts.store`` and where deploys take them
-    from. It has no spec, and deploys/gpu_host.py changes nothing on it.
+@dataclass(frozen=True, eq=False)
+class BuildHost:
+    """A build host as an inventory file declares it (:func:`build_host`). Not a pyinfra host:
+    the pyinfra CLI never connects to it, gpuhost does when a build, or a deploy that installs
+    a kernel from its store, needs it (gpuhost/buildhost.py)."""
 
-    + name: the pyinfra host name, the value of ``artifacts.build_host``
+    name: str
+    data: dict[str, Any]  # pyinfra host data: its ssh_* settings, the inventory file
+
+    def __repr__(self) -> str:  # host data may hold a password: never shown
+        return f"BuildHost({self.name!r})"
+
+
+def build_host(name: str, source: str | None = None, **host_data: Any) -> BuildHost:
+    """A build host: the machine a spec's ``artifacts.build_host`` names, where `gpuhost build`
+    builds kernels into ``artifacts.store`` and where deploys take them from. Assign it to a
+    variable of its own (``builder = build_host(...)``); deploys change nothing on it.
+
+    + name: its name, the value of ``artifacts.build_host``
     + host_data: its SSH settings, as for :func:`gpu_host`; host keys are verified
     """
     frame = _caller()
     if source is None:
         source = frame.f_code.co_filename
     source = os.path.relpath(source) if os.path.isabs(source) else source
-    problems = (
-        []
-        if isinstance(name, str) and HOST_NAME_RE.fullmatch(name)
-        else [
-            f"build host name {show(name)} is not a pyinfra host name; write a host name or address"
-        ]
-    )
+    problems = []
+    if not (isinstance(name, str) and HOST_NAME_RE.fullmatch(name)):
+        problems.append(f"name {show(name)} is not a host name; write a host name or address")
     problems += [p for p in _host_data_problems(host_data) if "gpu_host()" not in p]
-    if BUILD_KEY in host_data or SPEC_KEY in host_data:
-        problems.append(
-            f"host data {BUILD_KEY!r}/{SPEC_KEY!r}: a build host has neither; remove it"
-        )
+    if SPEC_KEY in host_data:
+        problems.append(f"host data {SPEC_KEY!r}: a build host has no spec; remove it")
     registry = _registry(frame, source)
     if registry is not None and name in registry:
         problems.append(f"host {name!r} is declared twice in this inventory; declare it once")
     if problems:
         raise InventoryFileError(source, [f"build host {show(name)}: {p}" for p in problems])
-    data = {"ssh_strict_host_key_checking": "yes", **host_data, BUILD_KEY: True}
-    data[SOURCE_KEY] = source
-    _warn_unknown_host_key(name, data)
-    entry = (name, data)
+    declared = BuildHost(name, {"ssh_strict_host_key_checking": "yes", **host_data})
+    declared.data[SOURCE_KEY] = source
     if registry is not None:
-        registry[name] = entry
-    return entry
+        registry[name] = declared
+    return declared
 
 
 _READ_FOR_SPECS: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -263,11 +266,7 @@ def inventory_problems(namespace: dict[str, Any]) -> list[str]:
         for entry in hosts:
             if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict):
                 name = entry[0]
-                if (
-                    isinstance(entry[1].get(SPEC_KEY), HostSpec)
-                    or GUEST_KEY in entry[1]
-                    or entry[1].get(BUILD_KEY) is True
-                ):
+                if isinstance(entry[1].get(SPEC_KEY), HostSpec) or GUEST_KEY in entry[1]:
                     if declared.get(name, id(entry)) != id(entry):
                         problems.append(
                             f"host {show(name)} is declared twice (group {group!r}); declare "
@@ -297,24 +296,55 @@ def inventory_problems(namespace: dict[str, Any]) -> list[str]:
     return problems + build_host_problems(namespace)
 
 
+def build_hosts(namespace: dict[str, Any]) -> dict[str, BuildHost]:
+    """The build hosts an executed inventory file declares (each a module-level variable)."""
+    return {
+        b.name: b
+        for key, b in namespace.items()
+        if isinstance(b, BuildHost) and not key.startswith("_")
+    }
+
+
 def build_host_problems(namespace: dict[str, Any]) -> list[str]:
-    """Every ``artifacts.build_host`` must name a build host this inventory file declares."""
-    builders, wanted = set(), {}
+    """Each build host is a variable of its own (pyinfra reads every list as a host group, and
+    warns about or drops one holding anything else), and every ``artifacts.build_host`` names
+    one this file declares."""
+    problems = [
+        f"{key!r} holds build_host() entries in a list; assign each build host to a variable "
+        "of its own, e.g. builder = build_host(...): pyinfra reads lists as host groups"
+        for key, value in namespace.items()
+        if isinstance(value, list | tuple)
+        and not isinstance(value, InventoryCheck)
+        and any(isinstance(i, BuildHost) for i in value)
+    ]
+    builders = build_hosts(namespace)
+    wanted: dict[str, str] = {}
     for _, hosts in _host_groups(namespace):
         for entry in hosts:
             if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict)):
                 continue
-            if entry[1].get(BUILD_KEY) is True:
-                builders.add(entry[0])
-            elif isinstance(spec := entry[1].get(SPEC_KEY), HostSpec) and spec.artifacts.build_host:
+            if isinstance(spec := entry[1].get(SPEC_KEY), HostSpec) and spec.artifacts.build_host:
                 wanted.setdefault(entry[0], spec.artifacts.build_host)
-    return [
+    return problems + [
         f"host {show(name)}: artifacts.build_host = {show(builder)} is not a build host of this "
-        f"inventory; declare it with gpuhost.inventory.build_host({builder!r}, ssh_hostname=...) "
-        "in a host group, or remove artifacts.build_host to build on the control machine"
+        f"inventory; declare it with builder = gpuhost.inventory.build_host({builder!r}, "
+        "ssh_hostname=...), or remove artifacts.build_host to build on the control machine"
         for name, builder in wanted.items()
         if builder not in builders
     ]
+
+
+# source -> its build hosts, as the pyinfra CLI's read of that inventory file declared them
+_CHECKED_BUILD_HOSTS: dict[str, dict[str, BuildHost]] = {}
+
+
+def build_host_data(source: str, name: str) -> dict[str, Any]:
+    """The host data of build host ``name`` that inventory file ``source`` declares: from the
+    read that loaded it into pyinfra, else read again (the inventory check named it already)."""
+    declared = _CHECKED_BUILD_HOSTS.get(source)
+    if declared is None or name not in declared:
+        return load_hosts(source)[1][name]
+    return declared[name].data
 
 
 class InventoryCheck(list):  # type: ignore[type-arg]
@@ -330,6 +360,7 @@ class InventoryCheck(list):  # type: ignore[type-arg]
             problems = inventory_problems(self._namespace)
             if problems:
                 raise InventoryFileError(self._source, problems)
+            _CHECKED_BUILD_HOSTS[self._source] = build_hosts(self._namespace)
             self._checked = True
 
     def __iter__(self) -> Iterator[Any]:
@@ -360,7 +391,6 @@ def load_hosts(
     if problems:
         raise InventoryFileError(source, problems)
     hosts: dict[str, tuple[HostSpec, dict[str, Any]]] = {}
-    builders: dict[str, dict[str, Any]] = {}
     for _, entries in _host_groups(namespace):
         for entry in entries:
             if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict):
@@ -368,10 +398,8 @@ def load_hosts(
                 if isinstance(data.get(SPEC_KEY), HostSpec):
                     rest = {k: v for k, v in data.items() if k != SPEC_KEY}
                     hosts[name] = (data[SPEC_KEY], rest)
-                elif data.get(BUILD_KEY) is True:
-                    builders[name] = data
     if not hosts:
         raise InventoryError(
             f"{path}: no gpuhost hosts; declare them with gpuhost.inventory.gpu_host()"
         )
-    return hosts, builders
+    return hosts, {name: b.data for name, b in build_hosts(namespace).items()}

@@ -28,6 +28,7 @@ from gpuhost.artifacts import (
     file_sha256,
     slug,
 )
+from gpuhost.inventory import build_host_data
 from gpuhost.spec_artifacts import ArtifactsSpec
 
 SEPARATOR = "--gpuhost-manifest--"
@@ -105,10 +106,16 @@ class RemoteStore:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def store_for(artifacts: ArtifactsSpec, inventory) -> ArtifactStore | RemoteStore:
-    """The store a deploy reads: the control machine's directory, or the build host's store
-    (``inventory``: pyinfra's, which holds the build host the inventory check required)."""
+_CONNECTIONS: dict[tuple[str, str], Host] = {}  # (inventory file, build host): one per run
+
+
+def store_for(artifacts: ArtifactsSpec, source: str) -> ArtifactStore | RemoteStore:
+    """The store a deploy reads: the control machine's directory, or the store on the build host
+    that inventory file ``source`` declares, connected on first use (a converged run, which
+    installs nothing, never connects)."""
     if artifacts.build_host is None:
         return ArtifactStore(artifacts.store)
-    builder = inventory.get_host(artifacts.build_host)
-    return RemoteStore(builder, artifacts.store, artifacts.mirror)
+    name = artifacts.build_host
+    if (source, name) not in _CONNECTIONS:
+        _CONNECTIONS[source, name] = buildhost.connect(name, build_host_data(source, name))
+    return RemoteStore(_CONNECTIONS[source, name], artifacts.store, artifacts.mirror)

@@ -36,8 +36,8 @@ class LocalBuildHost:
         }
 
     def entry(self, name: str) -> str:
-        """The inventory line that declares it."""
-        return f"build_host({name!r}, **{self.host_data()!r})"
+        """The inventory line that declares it as ``name`` (an identifier: also the variable)."""
+        return f"{name} = build_host({name!r}, **{self.host_data()!r})"
 
 
 def _free_port() -> int:

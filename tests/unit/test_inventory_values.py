@@ -13,7 +13,6 @@ import pytest
 from pyinfra.api.exceptions import InventoryError
 
 from gpuhost.inventory import (
-    BUILD_KEY,
     CHECK_GROUP,
     SOURCE_KEY,
     SPEC_KEY,
@@ -236,7 +235,7 @@ def test_a_build_host_is_declared_beside_its_gpu_hosts() -> None:
     hosts, builders = load_hosts(FIXTURES / "good" / "build_host.py")
     assert list(hosts) == ["kpro6"] and hosts["kpro6"][0].artifacts.build_host == "builder"
     data = builders["builder"]
-    assert data[BUILD_KEY] is True and SPEC_KEY not in data
+    assert SPEC_KEY not in data
     assert data["ssh_hostname"] == "192.0.2.9" and data["ssh_strict_host_key_checking"] == "yes"
     assert data[SOURCE_KEY] == os.path.relpath(FIXTURES / "good" / "build_host.py")
     assert hosts["kpro6"][0].artifacts.mirror == "/var/cache/gpuhost/mirror"
