@@ -91,8 +91,9 @@ def upload_builder(host: Host) -> str:
 
 def build(host: Host, request: dict[str, Any]) -> dict[str, Any]:
     """Run one kernel build there (gpuhost/remotebuild.py); its answer. A refusal raises with
-    the build's own message. The build runs in the SSH session: a dropped connection stops it,
-    and the next `gpuhost build` starts it again from its inputs."""
+    the build's own message. A dropped connection leaves the build running there to its end
+    (no terminal: nothing hangs it up); the next `gpuhost build` waits for it on the inputs'
+    lock (gpuhost.kernelbuild.building) and finds its result."""
     base = upload_builder(host)
     q = shlex.quote
     command = f"cd {q(base)} && python3 -m gpuhost.remotebuild {q(remotebuild.encode(request))}"

@@ -19,6 +19,7 @@ CONFIG_CC_VERSION_TEXT, the .debs' own control fields), never assumed.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +28,8 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -303,6 +306,21 @@ def _package(deb: Path, field_name: str) -> str:
     return done.stdout.strip()
 
 
+@contextmanager
+def building(store: ArtifactStore, digest: str) -> Iterator[None]:
+    """One build of a set of inputs at a time, per store: a second `gpuhost build` of the same
+    inputs (e.g. re-run after its SSH connection dropped, while the first build runs on there)
+    waits for the first and then finds its result."""
+    lock = store.root / INDEX / f".{digest}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def build(recipe: KernelRecipe, store: ArtifactStore, work: Path, jobs: int) -> BuildResult:
     """Build the recipe's .debs into ``store`` once; later calls return them without building."""
     tree_version(recipe.tree)  # a kernel tree at all: say so before hashing or making anything
@@ -311,9 +329,16 @@ def build(recipe: KernelRecipe, store: ArtifactStore, work: Path, jobs: int) -> 
             f"kernel.build.base_config: {recipe.base_config} is not a file on this machine"
         )
     digest = inputs_hash(recipe)
-    found = lookup(store, digest)
-    if found is not None:
-        return BuildResult(found, cached=True)
+    with building(store, digest):
+        found = lookup(store, digest)
+        if found is not None:
+            return BuildResult(found, cached=True)
+        return _build(recipe, store, work, jobs, digest)
+
+
+def _build(
+    recipe: KernelRecipe, store: ArtifactStore, work: Path, jobs: int, digest: str
+) -> BuildResult:
     if work.exists() and any(work.iterdir()):
         raise KernelBuildError(f"{work}: the work directory must be empty or absent")
     obj = work / "obj"

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,15 @@ import pytest
 from gpuhost import buildhost
 from gpuhost.artifacts import ArtifactError, ArtifactKey, ArtifactStore
 from gpuhost.remotestore import RemoteStore
-from tests.build.kernel_cache import CC_LOG, BuiltKernel, source_tree, spec, wrapper_dir
+from tests.build.kernel_cache import (
+    CC_LOG,
+    BuiltKernel,
+    build_record,
+    cache_dir,
+    source_tree,
+    spec,
+    wrapper_dir,
+)
 from tests.build.sshd import LocalBuildHost, local_build_host
 
 GPUHOST = Path(sys.executable).parent / "gpuhost"
@@ -136,6 +145,33 @@ def test_deploys_read_the_build_hosts_store_through_a_verified_mirror(
         assert remote.get(key).files == artifact.files  # fetched again, verified
     finally:
         host.disconnect()
+
+
+def test_a_killed_build_runs_on_there_and_the_next_run_waits_for_it(
+    builder, built_kernel, tmp_path
+):
+    """`gpuhost build` killed mid-build (its SSH connection gone): the build runs on to its end
+    on the build host, and the next `gpuhost build` waits for it and reports it stored, with
+    no second build."""
+    store = tmp_path / "store"
+    inv = inventory(tmp_path / "inv.py", builder, store, tmp_path)
+    before = len(cc_calls(builder))
+    first = subprocess.Popen([str(GPUHOST), "build", str(inv)], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while len(cc_calls(builder)) < before + 20:  # it compiles there
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.5)
+    first.kill()
+    first.communicate()
+    assert not list(store.rglob("*.deb"))  # not finished when the client went
+    again = gpuhost_build(inv)
+    assert again.returncode == 0, again.stderr
+    (key,) = ArtifactStore(store).keys("kernel", built_kernel.release, built_kernel.release)
+    assert again.stdout == f"kb: already in the store: builder:{store / key.path}\n"
+    calls = len(cc_calls(builder)) - before
+    cached = ArtifactStore(built_kernel.store).get(key)
+    one_build = build_record(cache_dir(), cached).get("compiler_calls", 1100)
+    assert calls < 1.5 * one_build, (calls, one_build)  # one build's compiler runs, not two
 
 
 def test_an_unreachable_build_host_is_named(built_kernel, tmp_path):

@@ -7,18 +7,24 @@ import dataclasses
 import platform
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
+from gpuhost.artifacts import ArtifactKey, ArtifactStore
 from gpuhost.buildcmd import build_for, recipe_for
 from gpuhost.cli import main
 from gpuhost.inventory import SpecError, validate_spec
 from gpuhost.kernelbuild import (
     GIB,
+    BuildResult,
     KernelBuildError,
     KernelRecipe,
     _jobs,
+    _remember,
+    build,
+    building,
     clone,
     compiler_text,
     config_hash,
@@ -230,3 +236,34 @@ def test_a_git_url_is_cloned_at_its_ref(tmp_path):
     assert cloned.parent == tmp_path / "work"
     with pytest.raises(KernelBuildError, match=r"git clone of kernel\.build\.repo at 'v9' failed"):
         clone(str(origin), "v9", tmp_path / "work2")
+
+
+def test_a_second_build_of_the_same_inputs_waits_for_the_first_and_finds_it(tmp_path):
+    """E.g. `gpuhost build` re-run after its SSH connection dropped: the first build runs on
+    there, holding the inputs' lock; the second waits, then takes what the first stored."""
+    if shutil.which("gcc-12") is None:
+        pytest.skip("needs gcc-12 (./gpuhost-setup installs it)")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "Makefile").write_text("VERSION = 6\nPATCHLEVEL = 1\nSUBLEVEL = 1\n")
+    recipe = KernelRecipe(
+        tree=tree, base_config="tinyconfig", release="6.1.1-1-pve", localversion="-1-pve"
+    )
+    store = ArtifactStore(tmp_path / "store")
+    digest = inputs_hash(recipe)
+    results: list = []
+    second = threading.Thread(
+        target=lambda: results.append(build(recipe, store, tmp_path / "work", jobs=1))
+    )
+    with building(store, digest):  # the first build, running
+        second.start()
+        second.join(timeout=1.0)
+        assert second.is_alive() and results == []  # it waits, and runs nothing meanwhile
+        deb = tmp_path / "linux-image-6.1.1-1-pve_1_amd64.deb"
+        deb.write_bytes(b"the first build's package")
+        key = ArtifactKey("kernel", "6.1.1-1-pve", "6.1.1-1-pve", "gcc-12 (Debian) 12.2.0", "c0")
+        stored = store.put(key, [deb])
+        _remember(store, digest, key)
+    second.join(timeout=10)
+    assert results == [BuildResult(stored, cached=True)]
+    assert not (tmp_path / "work").exists()  # no make, no work directory
