@@ -18,7 +18,7 @@ from typing import Any
 
 from pyinfra.api import Config, Host, Inventory, State
 from pyinfra.api.command import StringCommand
-from pyinfra.api.exceptions import ConnectError, PyinfraError
+from pyinfra.api.exceptions import PyinfraError
 
 from gpuhost import remotebuild
 from gpuhost.hostkeys import unknown_host_key
@@ -51,7 +51,7 @@ def ensure_connected(host: Host) -> None:
         return
     try:
         host.connect(show_errors=False, raise_exceptions=True)
-    except ConnectError as exc:
+    except PyinfraError as exc:  # ConnectError, or a connector refusing its data (no key file)
         raise BuildHostError(f"build host {host.name}: cannot connect: {exc}") from None
 
 

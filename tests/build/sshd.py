@@ -40,7 +40,7 @@ class LocalBuildHost:
         return f"{name} = build_host({name!r}, **{self.host_data()!r})"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -56,7 +56,7 @@ def local_build_host(
             ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(where / name)], check=True
         )
     shutil.copyfile(where / "client_ed25519.pub", where / "authorized_keys")
-    port = _free_port()
+    port = free_port()
     host_key = (where / "host_ed25519.pub").read_text().split()[:2]
     (where / "known_hosts").write_text(f"[127.0.0.1]:{port} {' '.join(host_key)}\n")
     session_path = ":".join([*map(str, path or []), DEFAULT_PATH])

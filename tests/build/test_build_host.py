@@ -32,7 +32,7 @@ from tests.build.kernel_cache import (
     spec,
     wrapper_dir,
 )
-from tests.build.sshd import LocalBuildHost, local_build_host
+from tests.build.sshd import LocalBuildHost, free_port, local_build_host
 
 GPUHOST = Path(sys.executable).parent / "gpuhost"
 
@@ -174,9 +174,12 @@ def test_a_killed_build_runs_on_there_and_the_next_run_waits_for_it(
     assert calls < 1.5 * one_build, (calls, one_build)  # one build's compiler runs, not two
 
 
-def test_an_unreachable_build_host_is_named(built_kernel, tmp_path):
-    dead = LocalBuildHost(1, tmp_path / "key", tmp_path / "known_hosts")
-    inv = inventory(tmp_path / "inv.py", dead, tmp_path / "store", tmp_path)
-    done = gpuhost_build(inv)
+def test_an_unreachable_build_host_is_named(builder, built_kernel, tmp_path):
+    closed = LocalBuildHost(free_port(), builder.key, builder.known_hosts)  # nothing listens
+    done = gpuhost_build(inventory(tmp_path / "inv.py", closed, tmp_path / "store", tmp_path))
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.startswith("gpuhost: build host builder: cannot connect"), done.stderr
+    nokey = LocalBuildHost(builder.port, tmp_path / "no-such-key", builder.known_hosts)
+    done = gpuhost_build(inventory(tmp_path / "inv2.py", nokey, tmp_path / "store", tmp_path))
     assert done.returncode != 0
-    assert "build host builder: cannot connect" in done.stderr
+    assert "build host builder: cannot connect: No such private key file" in done.stderr
