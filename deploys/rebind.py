@@ -17,7 +17,8 @@ the command waits until sysfs shows vfio-pci on every function.
 vfio-pci -> nvidia: refused while a process (QEMU: the VM is running) holds the group's
 /dev/vfio/N. The overrides are cleared, the functions unbound and probed by their own drivers
 (nvidia, snd_hda_intel), then nvidia-modprobe makes the GPU's /dev/nvidiaN node (the driver
-makes none), as deploys/devices.py's boot unit does.
+makes none), as deploys/devices.py's boot unit does. Where the host's other GPUs are in
+persistence mode, the returned one is put back into it (`nvidia-smi -i <bdf> -pm 1`).
 
 The boot-time claim (deploys/vfio.py) follows the Plan, so a move the inventory does not
 also make is undone by the next boot.
@@ -137,6 +138,10 @@ def rebind_script(state: BoardState, functions: tuple[str, ...], driver: str, wa
             '[ -n "$m" ] && nvidia-modprobe -c "$m" || { echo "no /dev/nvidia node for '
             f'{functions[0]}" >&2; exit 1; }}',
         ]
+        if any(state.persistence.values()):
+            # The host keeps its GPUs in persistence mode (nvidia-persistenced, which opens
+            # GPUs at its start and on request only): ask it to take this one again as well.
+            lines.append(f"nvidia-smi -i {q[0]} -pm 1 >/dev/null || exit 1")
     return "\n".join(lines)
 
 

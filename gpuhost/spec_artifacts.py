@@ -14,8 +14,9 @@ DEFAULT_MIRROR = "/var/cache/gpuhost/mirror"
 
 
 class ArtifactsSpec(BaseModel):
-    """The artifact store: kernels (.debs) and NVIDIA modules, keyed by version, kernel,
-    compiler and config hash."""
+    """The kernel artifact store: the .debs `gpuhost build` made, keyed by release, compiler and
+    config hash, on the control machine or a build host. (NVIDIA modules have their own store
+    on the control machine, driver.source.store.)"""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 

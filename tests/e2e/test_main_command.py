@@ -24,9 +24,14 @@ def gpuhost_twin(*args: str) -> tuple[int, str]:
     return run.returncode, run.stdout + run.stderr
 
 
+def developer_twins() -> list[node.Twin]:
+    """`gpuhost twin`'s own (below the test indexes; concurrent test sessions own the rest)."""
+    return [t for t in node.list_twins() if t.index < node.FIRST_TEST_INDEX]
+
+
 def test_gpuhost_twin_provisions_a_fresh_twin_then_changes_nothing() -> None:
     require_twins()
-    if [t for t in node.list_twins() if t.index < node.FIRST_TEST_INDEX]:
+    if developer_twins():
         pytest.skip("a developer's twins are running; this test starts and stops its own twin1")
     try:
         rc, dry = gpuhost_twin("--dry")
@@ -38,8 +43,9 @@ def test_gpuhost_twin_provisions_a_fresh_twin_then_changes_nothing() -> None:
         rc, again = gpuhost_twin()
         assert rc == 0 and "no reboot needed" in again
         assert "kernel command line confirmed" not in again
-        (twin,) = node.list_twins()
+        (twin,) = developer_twins()
         uvm = twin.root / "sys/module/nvidia_uvm/parameters/uvm_disable_hmm"
         assert uvm.read_text().strip() == "Y"
-    finally:
-        node.stop_all()
+    finally:  # only the twin it started: other test sessions' twins keep running
+        for twin in developer_twins():
+            node.stop(twin.name)

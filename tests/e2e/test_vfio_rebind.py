@@ -124,6 +124,13 @@ def test_a_board_moves_to_vfio_pci_and_back_without_a_reboot(deployed) -> None:
     assert twin.run(f"test -c {NODE}")[0] == 0  # made again by nvidia-modprobe
     assert BOARD[0] in smi_bus_ids(twin) and len(smi_bus_ids(twin)) == 6
     assert twin.boot_id() == boot_id
+    # back in persistence mode, as the host's other GPUs are: the daemon holds it again
+    _, held, _ = twin.run("cat /run/nvidia-persistenced/held.json")
+    assert sorted(json.loads(held)) == [0, 1, 2, 3, 4, 5]
+    _, pm, _ = twin.run(
+        f"nvidia-smi -i {BOARD[0]} --query-gpu=persistence_mode --format=csv,noheader"
+    )
+    assert pm.strip() == "Enabled"
     twin.run("kill $(cat /run/nvidia-persistenced/nvidia-persistenced.pid)")
 
 

@@ -69,3 +69,17 @@ def test_a_running_vm_blocks_the_move_back() -> None:
     )
     script = rebind_script(parse_board_state(lines[:2]), BOARD, "nvidia", 5)
     assert 'echo "" > "$d/driver_override"' in script and "nvidia-modprobe -c" in script
+    assert "-pm 1" not in script  # no GPU of the host is in persistence mode
+
+
+def test_the_board_returns_into_persistence_mode_where_the_others_are() -> None:
+    lines = [
+        "F 0000:c1:00.0 vfio-pci vfio-pci 30 -",
+        "F 0000:c1:00.1 vfio-pci vfio-pci 30 -",
+        "P 00000000:01:00.0, Enabled",
+    ]
+    state = parse_board_state(lines)
+    assert state.persistence == {"0000:01:00.0": True}
+    script = rebind_script(state, BOARD, "nvidia", 5)
+    assert script.endswith("\nnvidia-smi -i 0000:c1:00.0 -pm 1 >/dev/null || exit 1")
+    assert script.index("nvidia-modprobe -c") < script.index("-pm 1")
