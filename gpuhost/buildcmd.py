@@ -121,13 +121,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    cmd = sub.add_parser("build", help="build a host's kernel from source into the store")
+    cmd = sub.add_parser(
+        "build",
+        help="build a host's kernel from source into the store (here, or on its build host)",
+    )
     cmd.add_argument("inventory")
     cmd.add_argument("--host", help="only this host of the inventory")
     cmd.add_argument(
         "--jobs",
         type=int,
-        help="parallel make jobs (default: min(cores, (MemAvailable - 2 GiB) / 1.5 GiB), >= 1)",
+        help="parallel make jobs (default, from the machine that builds: min(cores, "
+        "(MemAvailable - 2 GiB) / 1.5 GiB), >= 1)",
     )
     cmd.add_argument(
         "--work",

@@ -5,6 +5,7 @@ gpuhost plan inventory/kpro6.py --facts DIR          # facts from a saved snapsh
 gpuhost capture inventory/kpro6.py --out DIR         # save a snapshot of the live host
 gpuhost capture-script > capture.sh                  # the same, as a script to run anywhere
 gpuhost build inventory/kpro6.py [--jobs N]          # build a source kernel into the store
+                                                     #   (here, or on artifacts.build_host)
 """
 
 from __future__ import annotations
