@@ -10,9 +10,17 @@ path that loads nvidia goes through modprobe: modules-load, udev's kmod builtin,
 initramfs, nvidia-modprobe, nvidia-persistenced, and nvidia_uvm's dependency on nvidia. The
 command claims the functions, then inserts the driver with --ignore-install. It is written
 inline in the modprobe.d file (no script beside it), so the initramfs, which copies
-/etc/modprobe.d, carries the whole claim with no hook of its own. Two kmod rules matter: only
-the first install line for a module counts, and a module with a softdep has its install
-command ignored (mod->ignorecmd), so a ``softdep nvidia ...`` elsewhere disables it.
+/etc/modprobe.d, carries the whole claim with no hook of its own. Three kmod rules matter:
+only the first install line and the first softdep line of a module count, the config files
+read in name order with the kernel's modules.softdep sorted in among them
+(libkmod-config.c: conf_files_insert_sorted), and a module with a softdep has its install
+command ignored (libkmod-module.c: mod->ignorecmd = pre || post). Modules do declare softdeps
+(the open nvidia.ko: MODULE_SOFTDEP("pre: ecdh_generic,ecdsa_generic"), which depmod writes to
+modules.softdep). So each hooked module also gets an empty ``softdep <module> pre:`` in
+gpuhost-vfio.conf, which sorts before modules.softdep: kmod then finds no softdep, runs the
+install command, and the command loads the module's own softdeps itself around the insert
+(kmod loads none for the --ignore-install insert). A softdep for the module in a modprobe.d file
+that sorts before gpuhost-vfio.conf still wins over it and disables the claim.
 
 Every host driver that could bind one of a VM's functions is hooked: nvidia, nouveau and
 nvidiafb for the GPU, snd_hda_intel for its audio function, xhci_pci and i2c_nvidia_gpu for the
@@ -97,6 +105,20 @@ def claim_command(binding: VfioBinding) -> str:
     )
 
 
+def insert_command(module: str) -> str:
+    """The install line's second half: the module's own softdeps (its line of the running
+    kernel's modules.softdep, split on white space as kmod splits it; a name that does not
+    load is skipped, as kmod skips it), pre first, then the insert, then post. Its exit status
+    is the insert's. ``module`` is one of CLAIMERS' names."""
+    return (
+        f"{{ set -f; s=$(sed -n 's/^softdep {module} //p' \"/lib/modules/$(uname -r)/modules.softdep\" "
+        "2>/dev/null | head -n 1); "
+        "dep() { w=; for x in $s; do case $x in pre:|post:) w=$x;; "
+        '*) [ "$w" != "$1" ] || /sbin/modprobe -q "$x" || :;; esac; done; }; '
+        f"dep pre:; /sbin/modprobe --ignore-install {module} $CMDLINE_OPTS && dep post:; }}"
+    )
+
+
 def modprobe_conf(binding: VfioBinding) -> str:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(_ROOT / "templates"),
@@ -105,7 +127,10 @@ def modprobe_conf(binding: VfioBinding) -> str:
         autoescape=False,  # a modprobe.d file; its values are BDFs and module names of ours
     )
     return env.get_template("gpuhost-vfio.conf.j2").render(
-        bdfs=binding.bdfs, modules=binding.modules, claim=claim_command(binding)
+        bdfs=binding.bdfs,
+        modules=binding.modules,
+        claim=claim_command(binding),
+        insert=insert_command,
     )
 
 

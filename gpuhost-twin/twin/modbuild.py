@@ -24,6 +24,10 @@ from pathlib import Path
 GCC11_OVERRIDES = ["CONFIG_INIT_STACK_ALL_ZERO=", "CONFIG_CC_HAS_AUTO_VAR_INIT_ZERO="]
 CAPTURED_DRIVER = "580.159.04"  # the driver of the real H200 captures
 NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
+# The modules' own MODULE_SOFTDEP, as the real ones declare it: the open nvidia.ko's
+# kernel-open/nvidia/libspdm_ecc.c, compiled in where the kernel has the crypto it uses. Its
+# comma makes one name kmod cannot find, so it adds no softdep; depmod lists it all the same.
+SOFTDEPS = {"nvidia": "pre: ecdh_generic,ecdsa_generic"}
 GSP_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
 
@@ -102,7 +106,7 @@ MODULE_C = """\
 #include <linux/module.h>
 MODULE_LICENSE("{license}");
 MODULE_VERSION("{version}");
-MODULE_DESCRIPTION("gpuhost twin stand-in for {name}");
+MODULE_DESCRIPTION("gpuhost twin stand-in for {name}");{softdep}
 static int __init twin_init(void) {{ return 0; }}
 static void __exit twin_exit(void) {{ }}
 module_init(twin_init);
@@ -117,13 +121,19 @@ def build_module(
     workdir: Path,
     cc: str = "gcc-12",
     license: str = "Dual MIT/GPL",
+    softdep: str | None = None,
 ) -> Path:
-    """Build a real, empty <name>.ko with version= against headers, with compiler cc."""
+    """Build a real, empty <name>.ko with version= against headers, with compiler cc, and its
+    MODULE_SOFTDEP (default: the real module's, SOFTDEPS; "" for none)."""
     src = workdir / f"{name}-{cc}"
     if src.exists():
         shutil.rmtree(src)
     src.mkdir(parents=True)
-    (src / f"{name}.c").write_text(MODULE_C.format(name=name, version=version, license=license))
+    value = SOFTDEPS.get(name, "") if softdep is None else softdep
+    line = f'\nMODULE_SOFTDEP("{value}");' if value else ""
+    (src / f"{name}.c").write_text(
+        MODULE_C.format(name=name, version=version, license=license, softdep=line)
+    )
     (src / "Kbuild").write_text(f"obj-m := {name}.o\n")
     cmd = ["make", "-s", "-C", str(headers), f"M={src}", f"CC={cc}", "modules"]
     if cc != "gcc-12":
@@ -165,9 +175,9 @@ class ModuleCache:
     def __init__(self, workdir: Path | None = None) -> None:
         if workdir is None:
             headers = debian_headers(Path("/"))
-            recipe = hashlib.sha256(f"{headers}{MODULE_C}{GCC11_OVERRIDES}".encode()).hexdigest()[
-                :12
-            ]
+            recipe = hashlib.sha256(
+                f"{headers}{MODULE_C}{GCC11_OVERRIDES}{SOFTDEPS}".encode()
+            ).hexdigest()[:12]
             base = Path(os.environ.get("GPUHOST_TWIN_CACHE", "/var/cache/gpuhost-twin"))
             workdir = base / "kmods" / recipe
         self.workdir = workdir
@@ -180,15 +190,24 @@ class ModuleCache:
         version: str = CAPTURED_DRIVER,
         cc: str = "gcc-12",
         license: str = "Dual MIT/GPL",
+        softdep: str | None = None,
     ) -> Path:
         key = f"{kver}/{cc}/{version}/{license.replace(' ', '_').replace('/', '_')}"
+        if softdep is not None:  # another MODULE_SOFTDEP than the real module's
+            key += "/softdep-" + hashlib.sha256(softdep.encode()).hexdigest()[:8]
         done = self.workdir / "ko" / key / f"{name}.ko"
         if done.exists():
             return done
         if kver not in self.headers:
             self.headers[kver] = stamp_headers(Path("/"), kver, self.workdir / "hdr" / kver)
         built = build_module(
-            self.headers[kver], name, version, self.workdir / "build" / key, cc=cc, license=license
+            self.headers[kver],
+            name,
+            version,
+            self.workdir / "build" / key,
+            cc=cc,
+            license=license,
+            softdep=softdep,
         )
         done.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built, done.with_suffix(".tmp"))

@@ -108,3 +108,38 @@ def test_the_hook_wins_when_the_initramfs_loads_nvidia(deployed) -> None:
         twin.run(
             "mv /root/modules.saved /etc/initramfs-tools/modules && update-initramfs -u -k all"
         )
+
+
+def test_the_hook_wins_when_nvidia_declares_a_softdep_kmod_resolves(deployed, modules) -> None:
+    """kmod runs no install command for a module with a softdep it can resolve. The real
+    nvidia.ko's own (pre: ecdh_generic,ecdsa_generic) resolves nothing because of its comma;
+    with the list written as kmod reads it, and both modules there, the claim must still run:
+    gpuhost's empty softdep comes first, and its command loads the two before nvidia."""
+    twin, _ = deployed
+    kver = twin.run("uname -r")[1].strip()
+    dkms = twin.root / f"lib/modules/{kver}/updates/dkms"
+    saved = (dkms / "nvidia.ko").read_bytes()
+    version = KPRO6["driver"]["version"]
+    well_formed = modules.ko(
+        "nvidia", kver, version=version, softdep="pre: ecdh_generic ecdsa_generic"
+    )
+    (dkms / "nvidia.ko").write_bytes(well_formed.read_bytes())
+    for name in ("ecdh_generic", "ecdsa_generic"):
+        (dkms / f"{name}.ko").write_bytes(modules.ko(name, kver, softdep="").read_bytes())
+    try:
+        rc, _, err = twin.run("depmod")  # real depmod: modules.softdep from the modules
+        assert rc == 0, err
+        _, softdeps, _ = twin.run(f"cat /lib/modules/{kver}/modules.softdep")
+        assert "softdep nvidia pre: ecdh_generic ecdsa_generic" in softdeps
+        twin.reboot()
+        assert_split(twin)
+        _, lsmod, _ = twin.run("lsmod")
+        assert {"ecdh_generic", "ecdsa_generic", "nvidia"} <= {
+            line.split()[0] for line in lsmod.splitlines()[1:]
+        }
+    finally:
+        (dkms / "nvidia.ko").write_bytes(saved)
+        for name in ("ecdh_generic", "ecdsa_generic"):
+            (dkms / f"{name}.ko").unlink(missing_ok=True)
+        twin.run("depmod")
+        twin.reboot()

@@ -252,9 +252,12 @@ def test_a_udev_rule_in_the_initramfs_sets_the_override_first(
 def test_vfio_ids_take_every_gpu_of_that_id(tmp_path: Path, cache: ht.ModuleCache) -> None:
     root = ht.make_root(tmp_path, "kpro6")
     cache.install(root, NEW)
+    # "a-vfio.conf", not "vfio.conf": kmod takes a module's first softdep line, files in name
+    # order with modules.softdep among them, and nvidia.ko declares its own softdep, so a
+    # vfio.conf's would never count (tests/twin/test_hw_kmod.py shows it with real kmod)
     write(
         root,
-        "etc/modprobe.d/vfio.conf",
+        "etc/modprobe.d/a-vfio.conf",
         "options vfio-pci ids=10de:2bb1\nsoftdep nvidia pre: vfio-pci\n",
     )
     ht.boot_root(root, "kpro6")

@@ -15,6 +15,7 @@ from gpuhost.vfioplan import (
     VfioBinding,
     board_functions,
     claim_command,
+    insert_command,
     misbound,
     plan_vfio,
 )
@@ -46,10 +47,15 @@ def test_the_vms_boards_and_their_audio_functions_are_claimed() -> None:
     assert conf is not None
     installs = [line for line in conf.splitlines() if line.startswith("install ")]
     claim = claim_command(plan.vfio)
-    assert installs[0] == (
-        f"install nvidia {claim} && /sbin/modprobe --ignore-install nvidia $CMDLINE_OPTS"
-    )
+    assert installs[0] == f"install nvidia {claim} && {insert_command('nvidia')}"
     assert [line.split()[1] for line in installs] == list(plan.vfio.modules)
+    # each module's empty softdep, so kmod runs its install command (tests/twin/test_hw_kmod.py
+    # puts that to real kmod)
+    softdeps = [line for line in conf.splitlines() if line.startswith("softdep ")]
+    assert softdeps == [f"softdep {m} pre:" for m in plan.vfio.modules]
+    insert = insert_command("snd_hda_intel")
+    assert "/sbin/modprobe --ignore-install snd_hda_intel $CMDLINE_OPTS && dep post:" in insert
+    assert "s/^softdep snd_hda_intel //p" in insert and "#" not in insert
     assert f"for f in {' '.join(FUNCTIONS)}; do" in claim
     assert "0000:41:00.0" not in conf  # the container's GPUs stay with nvidia
     assert "#" not in claim  # modprobe.d would cut the line there

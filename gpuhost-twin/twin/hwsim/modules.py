@@ -32,6 +32,11 @@ class KernelModules(Machine):
     def modprobe_conf(self, texts: dict[str, str] | None = None) -> dict:
         """options/blacklist/softdep/install from modprobe.d (+ the kernel command line).
 
+        As kmod reads them (libkmod-config.c): every file by its name, across the directories,
+        with the kernel's modules.softdep (what depmod wrote from the modules' own
+        MODULE_SOFTDEP) sorted in among them by its name; of a module's install and softdep
+        lines only the first counts (libkmod-module.c: "find only the first command").
+
         texts: {path: content} of modprobe.d files to use instead of the root's (an initramfs).
         """
         if texts is None:
@@ -42,6 +47,7 @@ class KernelModules(Machine):
         files: dict[str, str] = {}
         for path, text in texts.items():  # later directories override same-named files, like kmod
             files[path.rsplit("/", 1)[-1]] = text
+        files.setdefault("modules.softdep", self.module_softdeps())
         conf: dict = {"options": {}, "blacklist": set(), "softdep": {}, "install": {}}
         for name in sorted(files):
             text = files[name].replace("\\\n", " ")
@@ -55,16 +61,15 @@ class KernelModules(Machine):
                 elif verb == "blacklist":
                     conf["blacklist"].add(mod)
                 elif verb == "install":
-                    conf["install"][mod] = " ".join(words[2:])
+                    conf["install"].setdefault(mod, " ".join(words[2:]))
                 elif verb == "softdep":
                     pre, post, where = [], [], None
-                    for w in words[2:]:
+                    for w in words[2:]:  # kmod splits on white space only: "a,b" is one name
                         if w in ("pre:", "post:"):
                             where = pre if w == "pre:" else post
                         elif where is not None:
                             where.append(norm(w))
-                    old = conf["softdep"].get(mod, ([], []))
-                    conf["softdep"][mod] = (old[0] + pre, old[1] + post)
+                    conf["softdep"].setdefault(mod, (pre, post))
         for word in self.state.get("cmdline", "").split():
             key, _, value = word.partition("=")
             if key == "modprobe.blacklist":
@@ -73,6 +78,44 @@ class KernelModules(Machine):
                 mod, _, param = key.partition(".")
                 conf["options"].setdefault(norm(mod), []).append(f"{param}={value}")
         return conf
+
+    def module_softdeps(self) -> str:
+        """The kernel's modules.softdep: the file depmod wrote, else what it would write (one
+        line per module's first MODULE_SOFTDEP value)."""
+        path = self.p(f"lib/modules/{self.kernel}/modules.softdep")
+        if path.is_file():
+            return path.read_text(errors="replace")
+        base = self.p(f"lib/modules/{self.kernel}")
+        lines = []
+        for ko in sorted(base.rglob("*.ko")) if base.is_dir() else []:
+            value = ko_info(ko).get("softdep")
+            if value:
+                lines.append(f"softdep {norm(ko.stem)} {value}")
+        return "".join(f"{line}\n" for line in lines)
+
+    def probe_plan(
+        self, name: str, conf: dict, ignore_install: bool = False
+    ) -> tuple[str | None, list[str], list[str]]:
+        """What kmod does for ``modprobe name``: (the install command it runs instead, or None,
+        and the pre and post softdeps it loads around the insert).
+
+        Softdeps are the names kmod finds; "a,b" or a missing module drops out ("failed to
+        lookup dependency, continuing anyway"). A module with softdeps has its install command
+        ignored (libkmod-module.c: mod->ignorecmd = pre || post). --ignore-install covers the
+        named module only, and kmod then loads none of its softdeps either
+        (__kmod_module_get_probe_list with ignorecmd)."""
+        name = norm(name)
+        pre, post = ([], []) if ignore_install else conf["softdep"].get(name, ([], []))
+        pre = [d for d in pre if self._resolves(d, conf)]
+        post = [d for d in post if self._resolves(d, conf)]
+        install = conf["install"].get(name)
+        if install and not ignore_install and not (pre or post):
+            return install, [], []
+        return None, pre, post
+
+    def _resolves(self, name: str, conf: dict) -> bool:
+        """A softdep name kmod finds: a module, or a name only an install line defines."""
+        return self.module_exists(name) or name in conf["install"]
 
     def find_ko(self, name: str, kver: str | None = None) -> Path | None:
         """A real .ko for name under /lib/modules/<kver> (updates/ > extra/ > the rest)."""
@@ -107,12 +150,8 @@ class KernelModules(Machine):
         conf = conf if conf is not None else self.modprobe_conf()
         if self.loaded(name) or name in _stack:
             return True, ""
-        pre, post = conf["softdep"].get(name, ([], []))
-        install = conf["install"].get(name)
-        # kmod runs a module's install command instead of inserting it, unless modprobe was
-        # told --ignore-install (that flag covers the named module only, not its dependencies)
-        # or the module has softdeps (libkmod-module.c: mod->ignorecmd = pre || post).
-        if install and not ignore_install and not (pre or post):
+        install, pre, post = self.probe_plan(name, conf, ignore_install)
+        if install is not None:
             return self._run_install(name, install, conf, params or [])
         if name in self._device_drivers() and name not in IN_TREE:
             return self._load_device_driver(name)
