@@ -174,7 +174,12 @@ def refused(tmp_path: Path, changed, says: str) -> list[str]:
     # gpuhost's own make calls (not Kbuild's sub-makes, which find the logger on PATH too)
     top = [line for line in logged(make_log) if line.startswith(f"-C {changed.tree} O=")]
     assert top and logged(cc_log), "Kconfig ran, with the wrapper"
-    assert not list((tmp_path / "work").glob("*.deb")) and not (tmp_path / "store").exists()
+    assert not list((tmp_path / "work").glob("*.deb"))
+    # nothing stored: no artifact, no input-index entry; only the lock the build held
+    # (gpuhost.kernelbuild.building) is in the store
+    left = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+    assert [p.parent.name for p in left] == ["kernel-inputs"] * len(left)
+    assert all(p.name.startswith(".") and p.name.endswith(".lock") for p in left), left
     assert not (tmp_path / "work/obj/init/main.o").exists()  # nothing of the kernel compiled
     return [line.split()[-1] for line in top]
 
