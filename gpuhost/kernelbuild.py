@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuhost.artifacts import Artifact, ArtifactKey, ArtifactStore
+from gpuhost.artifacts import Artifact, ArtifactKey, ArtifactStore, file_sha256
 from gpuhost.grammar import BASE_CONFIG_TARGETS as BASE_TARGETS
 
 INDEX = "kernel-inputs"  # <store>/kernel-inputs/<inputs hash>.json -> the artifact's key
@@ -200,10 +200,6 @@ def _tree_fingerprint(tree: Path) -> str:
     return h.hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def inputs_hash(recipe: KernelRecipe) -> str:
     """A hash of everything the build reads, computed without running make or the compiler."""
     cc = shutil.which(recipe.cc)
@@ -212,11 +208,11 @@ def inputs_hash(recipe: KernelRecipe) -> str:
     base = recipe.base_config
     record = {
         "tree": _tree_fingerprint(recipe.tree),
-        "base": base if base in BASE_TARGETS else _file_sha256(Path(base)),
+        "base": base if base in BASE_TARGETS else file_sha256(Path(base)),
         "fragment": fragment_lines(recipe.fragment),
         "release": recipe.release,
         "localversion": recipe.localversion,
-        "cc": [recipe.cc, _file_sha256(Path(os.path.realpath(cc)))],
+        "cc": [recipe.cc, file_sha256(Path(os.path.realpath(cc)))],
         "pkgversion": recipe.pkgversion,
         "arch": recipe.arch,
     }
