@@ -13,6 +13,7 @@ produces a .ko whose vermagic is "<kver> SMP preempt mod_unload modversions" (fe
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -198,21 +199,29 @@ class ModuleCache:
         done = self.workdir / "ko" / key / f"{name}.ko"
         if done.exists():
             return done
-        if kver not in self.headers:
-            self.headers[kver] = stamp_headers(Path("/"), kver, self.workdir / "hdr" / kver)
-        built = build_module(
-            self.headers[kver],
-            name,
-            version,
-            self.workdir / "build" / key,
-            cc=cc,
-            license=license,
-            softdep=softdep,
-        )
-        done.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(built, done.with_suffix(".tmp"))
-        os.replace(done.with_suffix(".tmp"), done)  # concurrent runs never see half a file
-        shutil.rmtree(self.workdir / "build" / key, ignore_errors=True)
+        # One build at a time per cache: processes sharing it (test sessions, xdist workers, a
+        # developer's twins) would otherwise re-stamp the headers another is compiling against
+        # (stamp_headers starts with rmtree) or share a build directory.
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with (self.workdir / ".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if done.exists():  # built by another process while this one waited
+                return done
+            if kver not in self.headers:
+                self.headers[kver] = stamp_headers(Path("/"), kver, self.workdir / "hdr" / kver)
+            built = build_module(
+                self.headers[kver],
+                name,
+                version,
+                self.workdir / "build" / key,
+                cc=cc,
+                license=license,
+                softdep=softdep,
+            )
+            done.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(built, done.with_suffix(".tmp"))
+            os.replace(done.with_suffix(".tmp"), done)  # readers never see half a file
+            shutil.rmtree(self.workdir / "build" / key, ignore_errors=True)
         return done
 
     def install(
