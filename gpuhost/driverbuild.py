@@ -9,6 +9,7 @@ themselves (vermagic, version, the compiler in their .comment section), never as
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -54,10 +55,21 @@ class BuiltModule:
         return self.vermagic.split(" ", 1)[0]
 
 
+def modinfo() -> str | None:
+    """kmod's modinfo: Debian installs it in /usr/sbin, which a normal user's PATH lacks, yet
+    reading a module file needs no privilege."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    return shutil.which("modinfo", path=path)
+
+
 def inspect_module(ko: Path) -> BuiltModule:
+    tool = modinfo()
+    if tool is None:
+        raise DriverBuildError("modinfo not found (Debian package kmod)")
+
     def field(name: str) -> str:
         done = subprocess.run(
-            ["modinfo", "-F", name, str(ko)], capture_output=True, text=True, check=False
+            [tool, "-F", name, str(ko)], capture_output=True, text=True, check=False
         )
         if done.returncode != 0:
             raise DriverBuildError(f"modinfo {ko}: {done.stderr.strip()}")

@@ -1,10 +1,56 @@
-"""Fixtures for every test directory."""
+"""Fixtures for every test directory, and the test tiers.
+
+Every test gets exactly one tier marker, from where it lives and which fixtures it uses, never
+by hand (a hand-placed marker drifts from what the test really needs):
+
+    build   tests/build, or any test using `built_kernel` (the real kernel build)
+    e2e     tests/e2e tests that start a twin (through the fixtures below)
+    twin    other tests that start a twin
+    unit    everything else: no twin boot, no kernel build; `./gpuhost-test --quick` runs these
+
+A unit-tier test that starts a twin anyway (directly, or through `python -m twin` in a
+subprocess) fails, naming the fixtures to take instead: GPUHOST_TWIN_FORBID is set around it.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from tests.build.kernel_cache import BuiltKernel, built_kernel_store, missing
+
+TESTS = Path(__file__).parent
+TIERS = ("unit", "twin", "e2e", "build")
+# The fixtures that boot twins (gpuhost-twin's pytest plugin, tests/e2e/conftest.py) and build.
+TWIN_FIXTURES = frozenset({"twin", "twins", "twin_fleet", "twin_base", "fresh"})
+BUILD_FIXTURES = frozenset({"built_kernel"})
+
+
+def tier(item: pytest.Item) -> str:
+    """The tier of a collected test (see the module docstring)."""
+    where = Path(item.path).resolve().relative_to(TESTS.resolve()).parts[0]
+    uses = set(getattr(item, "fixturenames", ()))
+    if where == "build" or uses & BUILD_FIXTURES:
+        return "build"
+    if uses & TWIN_FIXTURES:
+        return "e2e" if where == "e2e" else "twin"
+    return "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier(item)))
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_boots_no_twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    if request.node.get_closest_marker("unit") is not None:
+        monkeypatch.setenv(
+            "GPUHOST_TWIN_FORBID",
+            f"{request.node.nodeid} is a unit-tier test (tests/conftest.py) but starts a twin: "
+            f"take one through a fixture ({', '.join(sorted(TWIN_FIXTURES))})",
+        )
 
 
 @pytest.fixture(scope="session")

@@ -119,6 +119,7 @@ def missing_tools() -> list[str]:
 
 def check_machine() -> None:
     """Fail with one line saying what to do when this machine cannot run twins."""
+    rootfs.forbidden()
     missing = missing_tools()
     if missing:
         raise TwinError(f"missing {', '.join(missing)}; install with: {INSTALL_HINT}")

@@ -201,6 +201,15 @@ class Fleet:
 
 
 @pytest.fixture(scope="session")
+def twin_base() -> Path:
+    """The cached Debian base every twin stands on (built the first time, about a minute)."""
+    require_twins()
+    from twin import rootfs
+
+    return rootfs.ensure_base()
+
+
+@pytest.fixture(scope="session")
 def twin_fleet() -> Iterator[Fleet]:
     fleet = Fleet()
     yield fleet

@@ -169,8 +169,17 @@ def check_chroot_safe(path: Path) -> None:
             )
 
 
+def forbidden() -> None:
+    """Refuse to build or start twins where GPUHOST_TWIN_FORBID says why (gpuhost's unit-tier
+    tests set it, so a test that boots a twin cannot hide among them)."""
+    reason = os.environ.get("GPUHOST_TWIN_FORBID")
+    if reason:
+        raise RootfsError(reason)
+
+
 def ensure_base(log: bool = True) -> Path:
     """Return the cached base rootfs, building it first when the recipe has no cache yet."""
+    forbidden()
     target = base_path()
     if (target / ".gpuhost-twin-base").exists():
         return target

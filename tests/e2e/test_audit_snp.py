@@ -19,8 +19,6 @@ from twin import driver as twin_driver
 from twin import node, userspace
 from twin.pytest_plugin import PVE_DIRS, TwinHandle
 
-pytestmark = pytest.mark.twin
-
 VERSION = "580.159.04"
 PAIR = ["0000:43:00.0", "0000:44:00.0"]
 SPEC = {

@@ -28,8 +28,6 @@ from twin import node, userspace
 from twin.hwtesting import ModuleCache
 from twin.pytest_plugin import PVE_DIRS, TwinHandle
 
-pytestmark = pytest.mark.twin
-
 VERSION = "595.71.05"
 MODEL = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
 SPEC = load_inventory(ROOT / "inventory/kpro6.py")["kpro6"][0].model_dump(mode="json")

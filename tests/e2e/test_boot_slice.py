@@ -16,8 +16,6 @@ import pytest
 from gpuhost.inventory import load_inventory
 from tests.e2e.conftest import PYINFRA, ROOT, deploy, inventory, manifest, with_driver
 
-pytestmark = pytest.mark.twin
-
 # The shipped inventory's spec: the twin of kpro6 gets exactly what the real host would.
 KPRO6 = load_inventory(ROOT / "inventory" / "kpro6.py")["kpro6"][0].model_dump(mode="json")
 LUMPED = {

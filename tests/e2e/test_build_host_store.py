@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import shutil
 
-import pytest
-
 from tests.build.sshd import local_build_host
 from tests.e2e.conftest import deploy
 from tests.e2e.reprovision import OLD, provision
 from tests.e2e.test_reprovision import check_restored
-
-pytestmark = pytest.mark.twin
 
 
 def artifacts(built_kernel, mirror) -> dict:

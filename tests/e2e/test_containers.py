@@ -25,8 +25,6 @@ from twin.hwtesting import ModuleCache
 from twin.nvinstaller import build_installer
 from twin.pytest_plugin import PVE_DIRS, TwinHandle
 
-pytestmark = pytest.mark.twin
-
 CT = 200
 OLD = "580.95.05"  # the driver the host runs until the driver change (VERSION: 595.71.05)
 CONF = f"/etc/pve/lxc/{CT}.conf"

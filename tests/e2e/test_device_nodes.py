@@ -10,13 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.conftest import deploy, inventory, with_driver
 from tests.e2e.test_boot_slice import KPRO6
 from twin.pytest_plugin import PVE_DIRS
-
-pytestmark = pytest.mark.twin
 
 UNIT = "gpuhost-nvidia-devices.service"
 NODES = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]

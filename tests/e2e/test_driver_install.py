@@ -18,8 +18,6 @@ import pytest
 from tests.e2e.conftest import PYINFRA, ROOT, Deploy, inventory, manifest
 from twin.pytest_plugin import TwinHandle
 
-pytestmark = pytest.mark.twin
-
 TREE = ROOT / "tests/fixtures/driver-src/open-gpu-kernel-modules"
 KERNEL = "6.8.12-9-pve"  # the h200x2 profile's kernel: "gcc (Debian 12.2.0-14) 12.2.0"
 VERSION = "595.71.05"

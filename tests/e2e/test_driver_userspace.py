@@ -12,14 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.conftest import ROOT, Deploy, deploy, inventory, manifest
 from tests.e2e.test_driver_install import KERNEL, TREE, VERSION
 from twin.nvinstaller import build_installer
 from twin.pytest_plugin import TwinHandle
-
-pytestmark = pytest.mark.twin
 
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 UNIT = "etc/systemd/system/gpuhost-nvidia-persistenced.service"

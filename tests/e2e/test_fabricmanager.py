@@ -13,15 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.conftest import ROOT, deploy, inventory, manifest
 from tests.e2e.test_driver_install import KERNEL, TREE, VERSION
 from twin.fabricmanager import build_fabricmanager, deb_name
 from twin.nvinstaller import build_installer
 from twin.pytest_plugin import TwinHandle
-
-pytestmark = pytest.mark.twin
 
 UNIT = "nvidia-fabricmanager.service"
 

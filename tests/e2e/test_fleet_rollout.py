@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.conftest import Deploy, deploy, manifest
 from tests.e2e.reprovision import OLD, fresh_kpro6
 from tests.e2e.test_trial_deploy import (
@@ -26,8 +24,6 @@ from tests.e2e.test_trial_deploy import (
 )
 from twin import userspace
 from twin.pytest_plugin import TwinHandle
-
-pytestmark = pytest.mark.twin
 
 PIN = "etc/kernel/proxmox-boot-pin"
 

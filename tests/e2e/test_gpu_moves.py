@@ -9,15 +9,12 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.conftest import deploy, inventory, with_driver
 from tests.e2e.test_boot_slice import KPRO6
 from tests.e2e.test_vfio_binding import drivers
 from twin.pve.startstop import POWER_LOG
 from twin.pytest_plugin import TwinHandle
 
-pytestmark = pytest.mark.twin
 CT200 = "arch: amd64\nhostname: ct200\nostype: debian\n"
 VM129 = "cores: 4\nmachine: q35\nmemory: 8192\nname: vm129\n"
 MOVING = ("0000:81:00.0", "0000:a1:00.0")

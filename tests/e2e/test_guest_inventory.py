@@ -15,7 +15,6 @@ from gpuhost.inventory import load_inventory
 from tests.e2e.conftest import PYINFRA, ROOT, inventory
 from twin.pytest_plugin import TwinHandle
 
-pytestmark = pytest.mark.twin
 SPEC = load_inventory(ROOT / "inventory/kpro6.py")["kpro6"][0].model_dump(mode="json")
 CT200 = "arch: amd64\nhostname: ct200\nostype: debian\n"
 VM129 = "machine: q35\nname: vm129\nipconfig0: ip=10.1.2.9/24,gw=10.1.2.1\n"

@@ -25,7 +25,6 @@ from tests.e2e.conftest import PYINFRA, ROOT, Deploy, with_driver
 from twin import cudarepo
 from twin.pytest_plugin import TwinHandle
 
-pytestmark = pytest.mark.twin
 VERSION = "595.71.05"
 SPEC = load_inventory(ROOT / "inventory/kpro6.py")["kpro6"][0].model_dump(mode="json")
 CT200 = "arch: amd64\nhostname: ct200\nostype: debian\n"

@@ -23,8 +23,6 @@ from gpuhost.inventory import load_inventory
 from tests.e2e.conftest import PYINFRA, ROOT, deploy, inventory, with_driver
 from twin import processes
 
-pytestmark = pytest.mark.twin
-
 SPEC = load_inventory(ROOT / "inventory" / "kpro6.py")["kpro6"][0].model_dump(mode="json")
 HUNG = "run/gpuhost-test-hung"  # the wrapper touches it when the run reaches the kill point
 # kill point -> (tool to hang, the argument it must be called with, or None for any call)

@@ -16,14 +16,10 @@ import os
 import signal
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.conftest import deploy
 from tests.e2e.test_kill_and_rerun import kill_when, start
 from tests.e2e.test_trial_deploy import NEW, OLD, boot_attempts, pinned, trial_twin
 from twin import processes
-
-pytestmark = pytest.mark.twin
 
 RECORD = "var/lib/gpuhost/trial"
 HUNG = "run/gpuhost-test-hung"

@@ -8,9 +8,6 @@ import pytest
 
 from tests.e2e.conftest import PYINFRA, ROOT
 from twin import node
-from twin.pytest_plugin import require_twins
-
-pytestmark = pytest.mark.twin
 
 
 def gpuhost_twin(*args: str) -> tuple[int, str]:
@@ -29,8 +26,7 @@ def developer_twins() -> list[node.Twin]:
     return [t for t in node.list_twins() if t.index < node.FIRST_TEST_INDEX]
 
 
-def test_gpuhost_twin_provisions_a_fresh_twin_then_changes_nothing() -> None:
-    require_twins()
+def test_gpuhost_twin_provisions_a_fresh_twin_then_changes_nothing(twin_base) -> None:
     if developer_twins():
         pytest.skip("a developer's twins are running; this test starts and stops its own twin1")
     try:

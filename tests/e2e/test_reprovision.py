@@ -4,13 +4,9 @@ wiped twin with the same spec and stores is restored with zero compiler runs on 
 
 from __future__ import annotations
 
-import pytest
-
 from tests.e2e.conftest import deploy
 from tests.e2e.reprovision import VERSION, Provisioned, provision
 from tests.e2e.test_audit_twin import audit
-
-pytestmark = pytest.mark.twin
 
 
 def check_restored(p: Provisioned, release: str) -> None:

@@ -24,8 +24,6 @@ from twin.modbuild import GSP_FIRMWARE
 from twin.profile import Kernel
 from twin.pytest_plugin import TwinHandle
 
-pytestmark = pytest.mark.twin
-
 TREE = ROOT / "tests/fixtures/driver-src/open-gpu-kernel-modules"
 NEW = "6.14.8-2-bpo12-pve"
 NEWER = "6.17.2-1-pve"  # an apt upgrade behind gpuhost's back

@@ -19,8 +19,6 @@ from tests.e2e.test_audit_twin import audit
 from tests.e2e.test_boot_slice import KPRO6
 from twin.pytest_plugin import TwinHandle
 
-pytestmark = pytest.mark.twin
-
 VM_FUNCTIONS = ("0000:c1:00.0", "0000:c1:00.1", "0000:e1:00.0", "0000:e1:00.1")
 HOST_GPUS = ("0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0")
 HOST_GPUS += ("0000:81:00.0", "0000:a1:00.0")

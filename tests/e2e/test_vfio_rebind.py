@@ -23,8 +23,6 @@ from tests.e2e.test_vfio_binding import drivers
 from twin.nvinstaller import PERSISTENCED
 from twin.pytest_plugin import TwinHandle
 
-pytestmark = pytest.mark.twin
-
 BOARD = ("0000:a1:00.0", "0000:a1:00.1")  # a host GPU: minor 5, the last on nvidia
 NODE = "/dev/nvidia5"
 

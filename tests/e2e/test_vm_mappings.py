@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.conftest import deploy, inventory, with_driver
 from twin.pytest_plugin import TwinHandle
 
-pytestmark = pytest.mark.twin
 VERSION = "580.95.05"
 VM129 = "machine: pc-q35-8.1\nname: vm129\nhostpci0: 0000:c1:00,pcie=1\nhostpci1: 0000:e1:00,pcie=1\nhostpci4: 0000:03:00.0\n"
 

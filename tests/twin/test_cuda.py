@@ -17,8 +17,6 @@ from facts.nvidia import NvidiaUserspace, parse_userspace
 from twin import driver
 from twin.pytest_plugin import PVE_DIRS, TwinHandle
 
-pytestmark = pytest.mark.twin
-
 PROBE = Path(__file__).parents[2] / "gpuhost/probes/cuda_probe.py"
 VERSION = "580.159.04"
 LIB = f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}"

@@ -13,7 +13,6 @@ from twin import driver
 from twin.profile import load_profile
 from twin.pytest_plugin import TwinHandle
 
-pytestmark = pytest.mark.twin
 PROFILES = ["kpro6", "h200x2", "lumped", "sevsnp"]
 FIXTURE = "tests/fixtures/captures/h200x2/facts"
 # Facts whose output is the hardware's (the capture machine was a Firecracker VM with a GCC 15

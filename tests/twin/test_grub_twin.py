@@ -1,9 +1,6 @@
 """A plain-GRUB twin (/boot on LVM): the real grub-reboot writes the twin's grubenv, and the
 entry sticks across boots because GRUB cannot save_env there (trial-boot.md §2.3)."""
 
-import pytest
-
-pytestmark = pytest.mark.twin
 twin_profile = "lumped"
 
 

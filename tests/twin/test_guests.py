@@ -12,8 +12,6 @@ import pytest
 from twin import processes
 from twin.pytest_plugin import PVE_DIRS
 
-pytestmark = pytest.mark.twin
-
 OPEN_ALL = (
     "python3 -c 'import os, sys\n"
     "for p in sys.argv[1:]:\n"

@@ -10,7 +10,6 @@ import pytest
 from twin import mounts, node, processes
 from twin.pytest_plugin import PVE_DIRS
 
-pytestmark = pytest.mark.twin
 twin_count = 2
 
 

@@ -8,7 +8,6 @@ pytest.importorskip("twin.boot", reason="twin/boot.py has not landed yet")
 if not hasattr(pytest.importorskip("twin.pve"), "install"):
     pytest.skip("twin.pve.install has not landed yet", allow_module_level=True)
 
-pytestmark = pytest.mark.twin
 twin_profile = "kpro6"
 
 

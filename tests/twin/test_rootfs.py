@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 
 from twin import rootfs
-from twin.pytest_plugin import require_twins
 
 DEB822 = """Types: deb
 URIs: http://mirror.invalid/debian
@@ -73,10 +72,8 @@ def test_chroot_safety_refuses_writable_components(tmp_path):
         rootfs.check_chroot_safe(unsafe)
 
 
-@pytest.mark.twin
-def test_base_holds_toolchain_and_real_headers():
-    require_twins()
-    base = rootfs.ensure_base()
+def test_base_holds_toolchain_and_real_headers(twin_base: Path):
+    base = twin_base
     rootfs.check_chroot_safe(base)
     release = rootfs.headers_version(base)
     assert release.endswith("-amd64")

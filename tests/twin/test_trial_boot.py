@@ -207,7 +207,10 @@ def test_grub_on_esp_next_entry_is_cleared(tmp_path: Path) -> None:
     assert state(root)["kernel"] == OLD
 
 
-@pytest.mark.skipif(shutil.which("grub-editenv") is None, reason="grub-common not installed")
+@pytest.mark.skipif(
+    shutil.which("grub-editenv") is None,
+    reason="grub-editenv not installed (Debian grub-common; ./gpuhost-setup installs it)",
+)
 def test_lvm_next_entry_sticks_and_a_failing_trial_kernel_loops(tmp_path: Path) -> None:
     prof = grub_profile(on_esp=False)  # boot_on_lvm: the PVE ext4/xfs layout
     root = ht.make_root(tmp_path, prof)

@@ -10,7 +10,6 @@ from proxmoxer.core import ResourceException
 
 from twin.pytest_plugin import TwinHandle
 
-pytestmark = pytest.mark.twin
 twin_profile = "kpro6"
 
 

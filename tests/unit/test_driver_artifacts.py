@@ -4,13 +4,13 @@ kernel headers with gcc-12 (the compiler that built them), on the stand-in sourc
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from gpuhost.artifacts import ArtifactError, ArtifactKey, ArtifactStore
 from gpuhost.driverbuild import MODULES, build_command, build_modules, source_version
+from tests.unit.buildtools import missing_module_build
 
 TREE = Path(__file__).parents[1] / "fixtures/driver-src/open-gpu-kernel-modules"
 HEADERS = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
@@ -25,10 +25,9 @@ def test_source_version_and_the_build_command():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    if not HEADERS or not shutil.which("gcc-12") or not shutil.which("modinfo"):
-        pytest.skip(
-            "needs Debian kernel headers, gcc-12 and modinfo (./gpuhost-setup installs them)"
-        )
+    problem = missing_module_build(HEADERS)
+    if problem:
+        pytest.skip(problem)
     out = tmp_path_factory.mktemp("ko")
     return HEADERS[-1], build_modules(TREE, HEADERS[-1], "gcc-12", 2, out)
 

@@ -25,6 +25,7 @@ from gpuhost.driverstore import (
 )
 from gpuhost.plan import make_plan
 from gpuhost.spec import HostSpec
+from tests.unit.buildtools import missing_module_build
 from tests.unit.hosts import kpro6
 
 TREE = Path(__file__).parents[1] / "fixtures/driver-src/open-gpu-kernel-modules"
@@ -120,8 +121,9 @@ def test_module_hashes_and_resources_refuse_what_they_do_not_know() -> None:
 @pytest.fixture(scope="module")
 def local() -> tuple[str, str]:
     """This machine's kernel headers (release, CONFIG_CC_VERSION_TEXT) for real builds."""
-    if not HEADERS or not shutil.which("gcc-12") or not shutil.which("modinfo"):
-        pytest.skip("needs Debian kernel headers, gcc-12 and modinfo (./gpuhost-setup)")
+    problem = missing_module_build(HEADERS)
+    if problem:
+        pytest.skip(problem)
     config = HEADERS[-1]
     text = next(
         line.split("=", 1)[1].strip('"')
