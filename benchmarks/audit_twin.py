@@ -38,7 +38,7 @@ def main() -> None:
     (twin,) = fleet.start(1, "kpro6")
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            inv = provision(twin, ModuleCache(Path(tmp) / "ko"), Path(tmp) / "kpro6.py")
+            inv = provision(twin, ModuleCache(), Path(tmp) / "kpro6.py")
             name, (spec, data) = next(iter(load_inventory(inv).items()))
             target = Target(name, spec, data, f"ssh://root@{twin.address}:22", str(inv))
             run = _runner(_testinfra_host(target))

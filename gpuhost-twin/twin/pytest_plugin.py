@@ -39,6 +39,15 @@ PVE_DIRS = (
 FIRST_TEST_INDEX = int(os.environ.get("GPUHOST_TWIN_TEST_INDEX", node.FIRST_TEST_INDEX))
 
 
+# Each pytest-xdist worker (gw0, gw1, ...) of a session takes its own range of indexes.
+WORKER_INDEXES = 16
+
+
+def first_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return FIRST_TEST_INDEX + WORKER_INDEXES * int(worker.removeprefix("gw") or 0)
+
+
 def support_problem() -> str | None:
     """Why twins cannot run here, or None."""
     if os.geteuid() != 0:
@@ -167,7 +176,7 @@ class Fleet:
     def _first_free(self, count: int) -> int:
         """The lowest index with ``count`` free indexes from it (stopped twins' are reused)."""
         used = {int(name.removeprefix("twin")) for name in self.started}
-        first = FIRST_TEST_INDEX
+        first = first_index()
         while any(i in used for i in range(first, first + count)):
             first += 1
         if first + count > 255:

@@ -78,11 +78,13 @@ def manifest(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def modules(tmp_path_factory: pytest.TempPathFactory) -> ModuleCache:
+def modules() -> ModuleCache:
+    """The machine's stand-in module cache (/var/cache/gpuhost-twin/kmods, keyed by the headers
+    and the module source): each .ko is built once per machine, not once per test run."""
     problem = missing_build_tools()
     if problem:
         pytest.skip(problem)
-    return ModuleCache(tmp_path_factory.mktemp("ko"))
+    return ModuleCache()
 
 
 def with_driver(twin: TwinHandle, modules: ModuleCache, version: str) -> str:

@@ -111,7 +111,7 @@ def kpro6(twin_fleet, tmp_path_factory) -> Iterator[tuple[TwinHandle, Path]]:
     (twin,) = twin_fleet.start(1, "kpro6")
     tmp = tmp_path_factory.mktemp("containers")
     try:
-        with_driver(twin, ModuleCache(tmp / "ko"), OLD)
+        with_driver(twin, ModuleCache(), OLD)
         inv = inventory(tmp / "kpro6.py", twin, spec("devN"))
         first = deploy(inv)
         assert first.rc == 0, first.output[-3000:]

@@ -267,3 +267,41 @@ def test_a_second_build_of_the_same_inputs_waits_for_the_first_and_finds_it(tmp_
     second.join(timeout=10)
     assert results == [BuildResult(stored, cached=True)]
     assert not (tmp_path / "work").exists()  # no make, no work directory
+
+
+def test_gpuhost_build_on_a_build_host_says_what_it_did(tmp_path, monkeypatch):
+    """What `gpuhost build` sends the build host and prints from its answer (the real build
+    over SSH: tests/build/test_build_host.py)."""
+    from gpuhost import buildcmd
+
+    sent, disconnected = [], []
+
+    class Host:
+        def disconnect(self):
+            disconnected.append(True)
+
+    def build(host, request):
+        sent.append(request)
+        return {"cached": len(sent) > 1, "directory": "/srv/store/kernel/x", "jobs": 8}
+
+    monkeypatch.setattr(buildcmd.buildhost, "connect", lambda name, data: Host())
+    monkeypatch.setattr(buildcmd.buildhost, "build", build)
+    spec = HostSpec.model_validate(
+        {**BASE, "artifacts": {"store": "/srv/store", "build_host": "b"}}
+    )
+    builders = {"b": {"ssh_hostname": "192.0.2.9"}}
+    assert build_for("kb", spec, None, tmp_path, builders) == (
+        f"kb: built {spec.kernel.version} on b (-j8) into b:/srv/store/kernel/x"
+    )
+    assert (
+        build_for("kb", spec, 4, None, builders)
+        == "kb: already in the store: b:/srv/store/kernel/x"
+    )
+    assert [r["jobs"] for r in sent] == [None, 4] and [r["work"] for r in sent] == [
+        str(tmp_path),
+        None,
+    ]
+    assert {r["store"] for r in sent} == {"/srv/store"} and sent[0]["repo"] == BUILD["build"][
+        "repo"
+    ]
+    assert disconnected == [True, True]
