@@ -54,12 +54,23 @@ def debian_headers(root: Path) -> Path | None:
 STAMPED = ("Makefile", "include/generated/utsrelease.h", "include/config/kernel.release")
 
 
+def _config_marker(path: Path) -> bool:
+    """An empty include/config/<SYMBOL> file: Kconfig touches one per option only so that
+    fixdep's dependency lists (scripts/basic/fixdep.c writes them as
+    ``$(wildcard include/config/<SYMBOL>)``) can rebuild what an option change affects. make's
+    wildcard ignores an absent one, so an out-of-tree build needs none of them; leaving out
+    ~6,400 symlinks makes a stamp take milliseconds on the twin's overlay instead of seconds."""
+    return path.is_file() and not path.is_symlink() and path.stat().st_size == 0
+
+
 def _link_tree(src: Path, dest: Path, target: str, real: tuple[str, ...], rel: str = "") -> None:
     """dest mirrors src with absolute symlinks (to ``target``, src's path as the twin sees it),
     except the ``real`` files (copied) and the directories on their way (made)."""
     dest.mkdir(parents=True, exist_ok=True)
     for child in src.iterdir():
         path = f"{rel}{child.name}"
+        if rel == "include/config/" and _config_marker(child):
+            continue
         if path in real:
             shutil.copy2(child, dest / child.name, follow_symlinks=False)
         elif (
