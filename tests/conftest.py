@@ -38,9 +38,13 @@ def tier(item: pytest.Item) -> str:
     return "unit"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(getattr(pytest.mark, tier(item)))
+    if hasattr(config, "workerinput"):  # an xdist worker (xdist sets numprocesses None there)
+        # On xdist workers the longest work goes out first (the kernel builds, then e2e), so it
+        # overlaps the many short tests instead of running alone at the end.
+        items.sort(key=lambda item: TIERS[::-1].index(tier(item)))
 
 
 @pytest.fixture(autouse=True)

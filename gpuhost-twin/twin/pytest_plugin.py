@@ -40,7 +40,7 @@ FIRST_TEST_INDEX = int(os.environ.get("GPUHOST_TWIN_TEST_INDEX", node.FIRST_TEST
 
 
 # Each pytest-xdist worker (gw0, gw1, ...) of a session takes its own range of indexes.
-WORKER_INDEXES = 16
+WORKER_INDEXES = 8  # a test holds at most three twins at once
 
 
 def first_index() -> int:
