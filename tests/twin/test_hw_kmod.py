@@ -11,6 +11,7 @@ gpuhost-vfio.conf (gpuhost/vfioplan.py) makes it run.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,8 +23,12 @@ from twin import hwsim
 from twin import hwtesting as ht
 
 KVER = "6.8.12-9-pve"
+# Debian installs depmod and modprobe in /usr/sbin, which a normal user's PATH lacks; reading
+# and indexing a module tree of the test's own needs no privilege.
+SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+DEPMOD, MODPROBE = shutil.which("depmod", path=SBIN), shutil.which("modprobe", path=SBIN)
 SKIP = ht.missing_build_tools() or (
-    None if shutil.which("depmod") and shutil.which("modprobe") else "needs kmod (depmod, modprobe)"
+    None if DEPMOD and MODPROBE else "needs kmod's depmod and modprobe (Debian package kmod)"
 )
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
@@ -45,7 +50,7 @@ def tree(tmp: Path, cache: ht.ModuleCache, nvidia_softdep: str | None) -> Path:
     shutil.copy(cache.ko("nvidia", KVER, softdep=nvidia_softdep), extra / "nvidia.ko")
     for name in ("ecdh_generic", "ecdsa_generic"):
         shutil.copy(cache.ko(name, KVER, softdep=""), extra / f"{name}.ko")
-    done = subprocess.run(["depmod", "-b", str(root), KVER], capture_output=True, text=True)
+    done = subprocess.run([DEPMOD, "-b", str(root), KVER], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return root
 
@@ -58,7 +63,7 @@ def real_kmod(root: Path, confs: dict[str, str]) -> list[str]:
         f.unlink()
     for name, text in confs.items():
         (conf / name).write_text(text)
-    argv = ["modprobe", "-d", str(root), "-S", KVER, "-C", str(conf), "--show-depends", "nvidia"]
+    argv = [MODPROBE, "-d", str(root), "-S", KVER, "-C", str(conf), "--show-depends", "nvidia"]
     done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return [line.split()[0] for line in done.stdout.splitlines()]
