@@ -55,11 +55,17 @@ class BuiltModule:
         return self.vermagic.split(" ", 1)[0]
 
 
+def kmod_tool(name: str) -> str | None:
+    """kmod's ``modinfo``, ``depmod`` or ``modprobe``: Debian installs them in /usr/sbin, which a
+    normal user's PATH lacks, yet reading or indexing module files of one's own needs no
+    privilege."""
+    return shutil.which(
+        name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    )
+
+
 def modinfo() -> str | None:
-    """kmod's modinfo: Debian installs it in /usr/sbin, which a normal user's PATH lacks, yet
-    reading a module file needs no privilege."""
-    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    return shutil.which("modinfo", path=path)
+    return kmod_tool("modinfo")
 
 
 def inspect_module(ko: Path) -> BuiltModule:

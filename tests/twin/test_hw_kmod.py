@@ -11,22 +11,19 @@ gpuhost-vfio.conf (gpuhost/vfioplan.py) makes it run.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from gpuhost.driverbuild import kmod_tool
 from gpuhost.vfioplan import VfioBinding, modprobe_conf
 from twin import hwsim
 from twin import hwtesting as ht
 
 KVER = "6.8.12-9-pve"
-# Debian installs depmod and modprobe in /usr/sbin, which a normal user's PATH lacks; reading
-# and indexing a module tree of the test's own needs no privilege.
-SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-DEPMOD, MODPROBE = shutil.which("depmod", path=SBIN), shutil.which("modprobe", path=SBIN)
+DEPMOD, MODPROBE = kmod_tool("depmod"), kmod_tool("modprobe")  # in /usr/sbin, for any user
 SKIP = ht.missing_build_tools() or (
     None if DEPMOD and MODPROBE else "needs kmod's depmod and modprobe (Debian package kmod)"
 )
