@@ -169,12 +169,19 @@ def follow_up(step: FollowUp, files: dict[str, ManagedFile]):
     yield f"{step.command} && rm -f {shlex.quote(step.marker)}"
 
 
-def apply_files(plan: Plan, concern: str | tuple[str, ...], step_name: str, label: str) -> None:
+def apply_files(
+    plan: Plan,
+    concern: str | tuple[str, ...],
+    step_name: str,
+    label: str,
+    run_step: bool = True,
+) -> None:
     """The Plan's files of one concern (or several), then the follow-up step they trigger.
 
     + concern: which of ``plan.files`` ("cmdline", "modules", "devices", "trial")
     + step_name: the follow-up of ``plan.follow_ups`` these files trigger
     + label: how the operations are named ("Kernel parameters: /etc/kernel/cmdline")
+    + run_step: False leaves the step pending (marked) for the trial's commit to run
     """
     step = next(f for f in plan.follow_ups if f.name == step_name)
     concerns = (concern,) if isinstance(concern, str) else concern
@@ -182,4 +189,5 @@ def apply_files(plan: Plan, concern: str | tuple[str, ...], step_name: str, labe
         if item.concern in concerns:
             steps = [step] if item.path in step.triggers else []
             managed_file(name=f"{label}: {item.path}", item=item, follow_ups=steps)
-    follow_up(name=f"{step.command} when needed", step=step, files=plan.files)
+    if run_step:
+        follow_up(name=f"{step.command} when needed", step=step, files=plan.files)

@@ -34,6 +34,7 @@ from gpuhost.audit.gate import run_gate
 from gpuhost.guestpower import GuestPower
 from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
 from gpuhost.plan import STATE_DIR, FollowUp, Plan
+from gpuhost.trialboot import TRIAL_MARK, settle_commands
 from gpuhost.trialstate import RECORD, Step, TrialRecord, failed_message
 
 JOURNAL = "journalctl -b -1 -k -n 40 --no-pager -o short-monotonic 2>/dev/null"
@@ -103,9 +104,18 @@ def _loader(plan: Plan) -> FollowUp:
     return next(f for f in plan.follow_ups if f.name == "loader")
 
 
+def _initramfs(plan: Plan) -> FollowUp:
+    return next(f for f in plan.follow_ups if f.name == "initramfs")
+
+
+# The deadline's timer stops once the gate starts: its reboot must not cut a commit in two.
+DISARM = "systemctl stop gpuhost-trial-deadline.timer"
+
+
 def _settle_cmdline(host, plan: Plan) -> None:
-    """The loader files without the trial's panic parameters, before the commit: its refresh
-    (or update-grub) applies them; a run killed in between refreshes on the next one."""
+    """The loader files as the commit leaves them (the planned command line, without the
+    trial's panic parameters), written before the commit: its refresh (or update-grub) applies
+    them; a run killed in between refreshes on the next one."""
     mark = mark_pending([_loader(plan)])
     for item in plan.trial_commit_files.values():
         ok, output = host.run_shell_command(write_command(item, mark), print_output=False)
@@ -150,6 +160,7 @@ def _gate_and_commit(
     assert trial is not None
     spec = host.data.get(SPEC_KEY)
     problems: list[str] = []
+    _must(host, "disarming the trial's deadline", (DISARM,))
     for command in trial.confirm:
         ok, text = _run(host, command)
         if not ok:
@@ -159,29 +170,36 @@ def _gate_and_commit(
         ok, output = host.run_shell_command(StringCommand(command), print_output=False)
         return (0 if ok else 1, "\n".join(output.stdout_lines), "\n".join(output.stderr_lines))
 
-    gate = run_gate(host.name, spec, runner, host.data.get(SOURCE_KEY))
+    # With a trial entry the loader files are written by the commit, so the gate does not
+    # compare them: /proc/cmdline (boot.cmdline) shows the entry booted the planned line.
+    skip = ("boot.loader",) if trial.entry_options is not None else ()
+    gate = run_gate(host.name, spec, runner, host.data.get(SOURCE_KEY), skip=skip)
     problems += list(gate.failed)
     if not problems:
         _settle_cmdline(host, plan)
         _must(host, "committing the trial", trial.commit)
+        markers = [_loader(plan).marker]
+        if trial.entry_options is not None:  # the commit rebuilt the target's initramfs
+            markers.append(_initramfs(plan).marker)
         _must(
             host,
-            "clearing the pending loader refresh",
-            (f"rm -f {shlex.quote(_loader(plan).marker)}",),
+            "clearing the pending loader refresh and initramfs rebuild",
+            (f"rm -f {' '.join(shlex.quote(m) for m in markers)}",),
         )
+        _must(host, "setting the panic settings back", settle_commands(plan.panic_sysctls))
         _must(host, "clearing the trial record", (f"rm -f {shlex.quote(RECORD)}",))
         logger.info(
-            f"{host.print_prefix}kernel {trial.kernel} passed its trial boot "
+            f"{host.print_prefix}{trial.what} passed its trial boot "
             f"({len(gate.passed)} host checks) and is now the default"
         )
         return
     # Back to the pinned kernel. The one-shot should be spent, but where GRUB could not clear
     # next_entry (a misdetected LVM /boot) it would start the trial kernel again: clear it first.
-    logger.warning(f"{host.print_prefix}trial of {trial.kernel} failed its checks; going back")
+    logger.warning(f"{host.print_prefix}trial of {trial.what} failed its checks; going back")
     _must(host, "clearing the one-shot before going back", trial.abandon)
     before = _reboot(host)
     release = _wait_for_boot(host, before, delay, timeout)
-    if release == trial.kernel:
+    if release == trial.kernel and not trial.same_kernel:
         raise OperationError(
             f"the trial of {trial.kernel} failed its checks and a reboot started it again: the "
             f"boot loader's default is not {trial.running}. Fix the default by hand "
@@ -191,8 +209,8 @@ def _gate_and_commit(
     _must(host, "tidying up after the failed trial", trial.abandon)
     _bring_back(host, guests)
     raise OperationError(
-        f"kernel {trial.kernel} booted but failed the trial checks; the host is back on "
-        f"{release} (still the default). The record in {RECORD} keeps the next run from "
+        f"{trial.what} booted but failed the trial checks; the host is back on "
+        f"{release} as it was (still the default). The record in {RECORD} keeps the next run from "
         "retrying: fix the cause, remove it and run again. Checks:\n" + "\n".join(problems)
     )
 
@@ -234,12 +252,12 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
     yield _all(trial.oneshot)
 
     def reboot_into_trial(state, host) -> bool:
-        logger.info(
-            f"{host.print_prefix}rebooting into kernel {trial.kernel} once ({trial.method})"
-        )
+        logger.info(f"{host.print_prefix}rebooting into {trial.what} once ({trial.method})")
         before = _reboot(host)
         release = _wait_for_boot(host, before, delay, timeout)
-        if release != trial.kernel:
+        _, cmdline = _run(host, "cat /proc/cmdline")
+        came_back = trial.same_kernel and TRIAL_MARK not in cmdline.split()
+        if release != trial.kernel or came_back:
             _must(host, "tidying up after the failed trial", trial.abandon)
             _bring_back(host, guests)
             _, journal = _run(host, JOURNAL)

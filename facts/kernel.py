@@ -69,6 +69,36 @@ class KernelCmdline(FactBase[list[str]]):
         return " ".join(output).split()
 
 
+# The live settings the trial boot's panic parameters set (kernel.rst: panic, panic_on_oops,
+# softlockup_panic, hardlockup_panic, hung_task_panic); a file a kernel lacks (no hard lockup
+# detector, say) is left out.
+PANIC_SYSCTLS = (
+    "panic",
+    "panic_on_oops",
+    "softlockup_panic",
+    "hardlockup_panic",
+    "hung_task_panic",
+)
+
+
+class PanicSettings(FactBase[dict[str, str]]):
+    """Returns /proc/sys/kernel's panic settings: name -> value (``{"panic_on_oops": "0"}``)."""
+
+    default = dict
+
+    def command(self) -> str:
+        return f"cd /proc/sys/kernel && grep -H . {' '.join(PANIC_SYSCTLS)} 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        values = {}
+        for line in output:
+            name, sep, value = line.partition(":")
+            if not sep or name not in PANIC_SYSCTLS or not re.fullmatch(r"-?\d+", value):
+                raise UnparsedOutput("panic settings", line)
+            values[name] = value
+        return values
+
+
 _PROC_VERSION = re.compile(
     r"^Linux version (?P<release>\S+) \((?P<builder>[^)]*)\) "
     r"\((?P<compiler>.+?), (?P<linker>(?:GNU ld|LLD|ld)\b.*?)\) (?P<build>#.*)$"

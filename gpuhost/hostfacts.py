@@ -29,6 +29,7 @@ from facts.kernel import (
     KernelCmdline,
     LoadedModules,
     ModuleParameters,
+    PanicSettings,
     SevSnp,
     SevState,
 )
@@ -83,13 +84,21 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "GuestStatuses": (GuestStatuses, {}),
     "KernelCompilers": (KernelCompilers, {}),
     "PveContainerVersion": (PveContainerVersion, {}),
+    "PanicSettings": (PanicSettings, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
 # fact's default (no SEV flags, no IOMMU units or group types, a boot path not known, no kernel
 # configs or compilers), as if the host had shown none; the managed files, loaded modules and
 # boot id load as None ("not captured"), and so do the guest statuses.
 NOT_CAPTURED = frozenset(
-    {"LoadedModules", "ConfigFiles", "BootId", "GuestStatuses", "PveContainerVersion"}
+    {
+        "LoadedModules",
+        "ConfigFiles",
+        "BootId",
+        "GuestStatuses",
+        "PveContainerVersion",
+        "PanicSettings",
+    }
 )
 ADDED_LATER = frozenset({"SevSnp", "IommuDomains", "BootPath", "KernelCompilers"}) | NOT_CAPTURED
 
@@ -120,6 +129,7 @@ class HostFacts:
     guest_statuses: dict[tuple[str, int], str] | None = None  # None: not captured
     compilers: CompilerInventory = field(default_factory=CompilerInventory)
     pve_container: PackageVersion | None = None  # None: not captured
+    panic: dict[str, str] | None = None  # /proc/sys/kernel panic settings; None: not captured
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -195,6 +205,7 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         guest_statuses=value["GuestStatuses"],
         compilers=value["KernelCompilers"],
         pve_container=value["PveContainerVersion"],
+        panic=value["PanicSettings"],
     )
 
 

@@ -12,9 +12,11 @@ parameters), never from what a run changed: a run killed anywhere converges on t
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 
 from gpuhost import modconf
+from gpuhost.bootconf import KERNEL_CMDLINE
 from gpuhost.bootplan import after_commit, boot_config
 from gpuhost.ctplan import ContainerDevices, plan_containers
 from gpuhost.driverplan import DriverModules, plan_driver_modules
@@ -39,7 +41,7 @@ from gpuhost.split import (
     owner_of_guest,
     slot,
 )
-from gpuhost.trialboot import TrialBoot
+from gpuhost.trialboot import TrialBoot, panic_sysctls, trial_cmdline_names, trial_entry_method
 from gpuhost.trialplan import plan_trial
 from gpuhost.trialstate import Step
 from gpuhost.userspaceplan import (
@@ -150,9 +152,13 @@ class Plan:
     # the plan and the audit still show everything else.
     trial_boot: TrialBoot | None = None
     trial_step: Step = Step.CONVERGED  # which step of the trial is due, from the host alone
-    # The loader files as the trial's commit leaves them (its panic parameters gone); written
-    # just before the commit, whose own loader refresh applies them.
+    # The loader files as the trial's commit leaves them, written just before the commit, whose
+    # own loader refresh applies them: on systemd-boot the planned command line (the trial entry
+    # carried it; /etc/kernel/cmdline kept the fallback's), on GRUB without the panic parameters.
     trial_commit_files: dict[str, ManagedFile] = field(default_factory=dict)
+    # /proc/sys/kernel panic settings the host runs guests with (0 unless the spec's own
+    # parameters ask): a trial boot runs with them on, and the commit sets them back.
+    panic_sysctls: dict[str, str] = field(default_factory=dict)
     target_kernel: str = ""  # spec.kernel.version
     driver_modules: DriverModules | None = None  # None: the spec leaves them unmanaged
     driver_userspace: DriverUserspace | None = None  # None: no driver.source.installer
@@ -179,6 +185,17 @@ class Plan:
     def reboot_later(self) -> list[Reason]:
         """Reasons that need a later deploy (kernel, driver, GPU binding) first."""
         return [r for r in self.reboot_reasons if r.concern not in REBOOT_NOW]
+
+    @property
+    def boot_config_at_commit(self) -> bool:
+        """The loader files and the initramfs wait for the trial's commit: the trial boots an
+        entry of its own with them, and the fallback's stay as they were until it passed."""
+        trial = self.trial_boot
+        return (
+            trial is not None
+            and trial.entry_options is not None
+            and self.trial_step is not Step.CONVERGED
+        )
 
     @property
     def needs_reboot(self) -> bool:
@@ -223,7 +240,14 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
             "loaded into it (rebuild the kernel with the toolchain, or set toolchain.gcc)"
         )
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
-    trial, step, trial_params = plan_trial(spec, facts, problems)
+    # systemd-boot tries every boot gpuhost causes through a trial entry of its own, planned once
+    # the reasons to boot are known (below); GRUB trials a new kernel, with the panic parameters
+    # on the managed command line meanwhile.
+    entry_trials = trial_entry_method(facts.boot_path, facts.boot_tool)
+    trial: TrialBoot | None = None
+    step, trial_params = Step.CONVERGED, ()
+    if not entry_trials:
+        trial, step, trial_params = plan_trial(spec, facts, problems)
     boot, passthrough = boot_config(spec, facts, loader, problems, notes, trial_params)
     after_trial = {
         path: ManagedFile(path, content, "cmdline")
@@ -343,7 +367,8 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         FollowUp("loader", refresh, tuple(boot.files)),
         FollowUp(
             "initramfs",
-            "update-initramfs -u -k all",
+            # the kernel that boots next only: never the fallback's (every other kernel's)
+            f"update-initramfs -u -k {shlex.quote(spec.kernel.version)}",
             (*modconf.INITRAMFS_FILES, *VFIO_INITRAMFS_FILES),
         ),
         FollowUp(
@@ -359,6 +384,20 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     reasons = reboot_reasons(
         spec, facts, add, remove, blacklist, modules_load, expected_parameters, assignments
     )
+
+    expected = [p for p in running if p not in remove]
+    cut = expected.index("--") if "--" in expected else len(expected)
+    expected = expected[:cut] + add + expected[cut:]
+    trial_names = set(trial_cmdline_names())
+    panic = panic_sysctls(
+        [p for p in expected if p.split("=", 1)[0] not in trial_names or p in boot.present]
+    )
+    if entry_trials:
+        boot_due = any(r.concern in REBOOT_NOW for r in reasons)
+        options = (boot.files.get(KERNEL_CMDLINE) or "").split("\n", 1)[0]
+        trial, step, _ = plan_trial(spec, facts, problems, boot_due, options)
+        if trial is not None and trial.entry_options is not None:
+            after_trial = {p: ManagedFile(p, c, "cmdline") for p, c in boot.files.items()}
 
     next_kernel = next_boot_kernel(facts)
     pin = pin_running_kernel(facts, next_kernel, reasons, problems, notes)
@@ -384,9 +423,6 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     vfio = plan_vfio(vm_functions, {bdf: d.class_code for bdf, d in facts.pci.items()})
     for path, content, mode in vfio_files(vfio):
         files[path] = ManagedFile(path, content, "vfio", mode=mode)
-    expected = [p for p in running if p not in remove]
-    cut = expected.index("--") if "--" in expected else len(expected)
-    expected = expected[:cut] + add + expected[cut:]
     return Plan(
         host=host,
         gpus=assignments,
@@ -417,6 +453,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         trial_boot=trial,
         trial_step=step,
         trial_commit_files=after_trial,
+        panic_sysctls=panic,
         target_kernel=spec.kernel.version,
         driver_modules=plan_driver_modules(spec, facts),
         driver_userspace=userspace,

@@ -46,21 +46,64 @@ WAYS_OUT = (
 )
 
 
+# On the trial boot's command line only, so a boot that came up through the trial entry can be
+# told from the fallback even when both run the same kernel. The kernel ignores an unknown
+# parameter with a dot in its name (init/main.c unknown_bootoption: "Unused module parameter"),
+# so it reaches neither a module nor init.
+TRIAL_MARK = "gpuhost.trial=1"
+# systemd-boot's trial-only entry and the directory beside it that holds its kernel and
+# initramfs: proxmox-boot-tool only writes and deletes proxmox-<kver>.conf and EFI/proxmox/<kver>
+# (trial-boot.md §3), so a refresh never touches them and the proxmox-* default never picks them.
+TRIAL_ENTRY = "gpuhost-trial.conf"
+TRIAL_ESP_DIR = "EFI/gpuhost-trial"
+# The trial's initramfs, built by mkinitramfs beside the one update-initramfs keeps: the
+# fallback's own initramfs stays as it was until the gate passed.
+TRIAL_INITRD_DIR = "/boot/gpuhost-trial"
+# The live sysctls the panic parameters set (Documentation/admin-guide/sysctl/kernel.rst:
+# panic_on_oops, softlockup_panic, hardlockup_panic, hung_task_panic); the commit puts them back.
+PANIC_SYSCTLS = {
+    "oops": ("panic_on_oops", "panic"),
+    "softlockup_panic": ("softlockup_panic", "1"),
+    "nmi_watchdog": ("hardlockup_panic", "panic"),
+    "hung_task_panic": ("hung_task_panic", "1"),
+}
+
+
 def trial_cmdline(panic_timeout: int) -> tuple[str, ...]:
-    """A trial kernel that panics, oopses or locks up reboots by itself (§3)."""
-    return (f"panic={panic_timeout}", "oops=panic", "softlockup_panic=1", "nmi_watchdog=panic")
+    """A trial kernel that panics, oopses, locks up or hangs a task reboots by itself (§3).
+    hung_task_panic is on the trial too: guests are stopped during it, so no storage load can
+    hold a task in D state for long on a healthy kernel."""
+    return (
+        f"panic={panic_timeout}",
+        "oops=panic",
+        "softlockup_panic=1",
+        "nmi_watchdog=panic",
+        "hung_task_panic=1",
+        TRIAL_MARK,
+    )
 
 
 def trial_cmdline_names() -> tuple[str, ...]:
     return tuple(p.split("=", 1)[0] for p in trial_cmdline(0))
 
 
-# Where these go: the trial-only systemd-boot entry of §3 is untested, and GRUB's next_entry
-# picks an entry, not a command line. So all four go on the managed command line (the one every
-# entry shares) from the run that starts the trial to the one that commits it (gpuhost.plan).
-# After the commit they leave the loader's files without a reboot of their own: a production
-# host should not reboot for every recoverable oops, and the next reboot drops them. Keep
-# panic=N for good with boot.extra.
+def panic_sysctls(cmdline: list[str]) -> dict[str, str]:
+    """/proc/sys/kernel values a boot with ``cmdline`` runs with (0 unless a parameter sets it):
+    what the Plan expects after a commit from the spec's own parameters (boot.extra)."""
+    values = {name: "0" for name, _ in PANIC_SYSCTLS.values()}
+    for param in cmdline:
+        key, _, value = param.partition("=")
+        if key in PANIC_SYSCTLS:
+            name, on = PANIC_SYSCTLS[key]
+            values[name] = "1" if value == on else "0"
+    return values
+
+
+# Where they go: systemd-boot hosts boot the trial through a trial-only entry (TRIAL_ENTRY) that
+# carries the new command line plus these parameters; no other entry ever has them. GRUB's
+# next_entry picks one of update-grub's entries, so there they go on the managed command line
+# from the run that starts the trial to the one that commits it. Either way the commit sets the
+# live sysctls back to what the spec's own parameters ask (panic_sysctls) before guests start.
 
 
 @dataclass(frozen=True)
@@ -87,6 +130,20 @@ class TrialBoot:
     before_deadline_reboot: tuple[str, ...] = ()
     cmdline: tuple[str, ...] = ()  # on the command line for the trial boot
     notes: tuple[str, ...] = ()
+    # systemd-boot: the trial-only entry's options (the planned command line and ``cmdline``);
+    # None where the trial boots one of the loader's own entries (GRUB).
+    entry_options: str | None = None
+
+    @property
+    def same_kernel(self) -> bool:
+        """A trial of a new command line or initramfs on the running kernel."""
+        return self.kernel == self.running
+
+    @property
+    def what(self) -> str:
+        if self.same_kernel:
+            return f"the new boot configuration of kernel {self.kernel}"
+        return f"kernel {self.kernel}"
 
     @property
     def can_apply(self) -> bool:
@@ -179,6 +236,12 @@ def classify(path: BootPathInfo, tool: BootToolStatus | None) -> str:
     return "unsupported"
 
 
+def trial_entry_method(path: BootPathInfo, tool: BootToolStatus | None) -> bool:
+    """Whether this host boots a trial through a trial-only entry (systemd-boot), so a new
+    command line or initramfs on the running kernel can be tried with the old one as fallback."""
+    return classify(path, tool) == "systemd-boot"
+
+
 def plan_trial_boot(
     running: str,
     kernel: str,
@@ -187,9 +250,16 @@ def plan_trial_boot(
     panic_timeout: int = 10,
     deadline_minutes: int = 20,
     without_oneshot: bool = False,
+    options: str = "",
+    own_entry: bool = True,
 ) -> TrialBoot:
-    """The trial boot of ``kernel`` on a host running ``running``, or why it is refused."""
+    """The trial boot of ``kernel`` on a host running ``running``, or why it is refused.
+
+    ``options``: the planned command line (systemd-boot's /etc/kernel/cmdline first line), which
+    the trial entry boots with while the file itself keeps the fallback's until the commit.
+    ``own_entry`` False: the kernel was booted by other means and is only gated and pinned."""
     method = classify(path, tool)
+    use_entry = method == "systemd-boot" and own_entry
     problems: list[str] = []
     for what, value in (("running kernel", running), ("new kernel", kernel)):
         if not KERNEL_RE.fullmatch(value):
@@ -217,7 +287,9 @@ def plan_trial_boot(
     devid = path.grub_devid
     entry: str | None = None
     if method == "systemd-boot":
-        entry = systemd_boot_entry(kernel)
+        entry = TRIAL_ENTRY if use_entry else systemd_boot_entry(kernel)
+        if use_entry and not options.strip():
+            problems.append("the planned kernel command line for the trial entry is empty")
         if not path.uefi or not path.systemd_boot_started:
             problems.append(
                 "the ESPs are set up for systemd-boot but this boot did not start through it "
@@ -233,6 +305,11 @@ def plan_trial_boot(
             devid = None
         else:
             entry = grub_entry(kernel, devid)
+    if running == kernel and not use_entry:
+        problems.append(
+            "a new command line or initramfs is tried through a trial-only boot entry, which "
+            "gpuhost makes on systemd-boot hosts only"
+        )
     if method == "grub-no-oneshot" and not without_oneshot:
         reason = path.grubenv_unwritable_by_grub
         problems.append(
@@ -252,19 +329,79 @@ def plan_trial_boot(
             "or the commit clears it; recovery from a kernel that dies early needs the console"
         )
     refusal = "; ".join(problems) if problems else None
+    cmdline = trial_cmdline(panic_timeout)
     base = TrialBoot(
         method=method,
         running=running,
         kernel=kernel,
         entry=entry,
         refusal=refusal,
-        cmdline=trial_cmdline(panic_timeout),
+        cmdline=cmdline,
         notes=tuple(notes),
+        entry_options=" ".join([*options.split(), *cmdline]) if use_entry else None,
     )
     if refusal is not None or entry is None:
         return base
     steps = _steps(method, running, kernel, entry, devid, esps, deadline_minutes)
+    if base.entry_options is not None:
+        steps = _trial_entry_steps(steps, running, kernel, esps, base.entry_options)
     return TrialBoot(**{**base.__dict__, **steps})
+
+
+def settle_commands(values: dict[str, str]) -> tuple[str, ...]:
+    """Set the live panic sysctls to the Plan's values (a trial boot runs with them on)."""
+    return tuple(f"echo {_q(v)} > /proc/sys/kernel/{k}" for k, v in sorted(values.items()))
+
+
+def trial_entry_text(kernel: str, options: str) -> str:
+    """systemd-boot's trial-only entry (Boot Loader Specification type #1 keys)."""
+    return (
+        f"title    gpuhost trial of {kernel}\nversion  {kernel}\noptions  {options}\n"
+        f"linux    /{TRIAL_ESP_DIR}/vmlinuz-{kernel}\n"
+        f"initrd   /{TRIAL_ESP_DIR}/initrd.img-{kernel}\n"
+    )
+
+
+def _trial_entry_steps(
+    steps: dict[str, object], running: str, kernel: str, esps: tuple[str, ...], options: str
+) -> dict[str, object]:
+    """systemd-boot: the trial boots its own entry, with the new command line and an initramfs
+    built for it, while /etc/kernel/cmdline, the proxmox-<kver>.conf entries and the fallback's
+    initramfs stay as they were until the commit (trial-boot.md §3)."""
+    new = _q(kernel)
+    initrd = f"{TRIAL_INITRD_DIR}/initrd.img-{kernel}"
+    text = trial_entry_text(kernel, options)
+    drop = f'rm -rf "$M/{TRIAL_ESP_DIR}" "$M/loader/entries/{TRIAL_ENTRY}"'
+    put = (
+        f'{drop} && mkdir -p "$M/{TRIAL_ESP_DIR}" && '
+        f'cp /boot/vmlinuz-{new} "$M/{TRIAL_ESP_DIR}/vmlinuz-{kernel}" && '
+        f'cp {_q(initrd)} "$M/{TRIAL_ESP_DIR}/initrd.img-{kernel}" && '
+        f'printf %s {_q(text)} > "$M/loader/entries/{TRIAL_ENTRY}.new" && '
+        f'mv -f "$M/loader/entries/{TRIAL_ENTRY}.new" "$M/loader/entries/{TRIAL_ENTRY}"'
+    )
+    tidy = [on_esp(u, drop) for u in esps] + [f"rm -rf {TRIAL_INITRD_DIR}"]
+    prepare = [
+        *steps["prepare"],  # type: ignore[misc]
+        f"rm -rf {TRIAL_INITRD_DIR} && mkdir -p {TRIAL_INITRD_DIR}",
+        f"mkinitramfs -o {_q(initrd)} {new}",
+        *(on_esp(u, put) for u in esps),
+    ]
+    confirm = [*steps["confirm"], f"grep -qw {_q(TRIAL_MARK)} /proc/cmdline"]  # type: ignore[misc]
+    # The tested configuration becomes the kernel's own: its initramfs rebuilt from the same
+    # files (the target kernel's only), then pinned and synced; the trial entry goes.
+    commit = [f"update-initramfs -u -k {new}"]
+    if kernel == running:
+        commit += ["proxmox-boot-tool refresh"]
+        commit += [on_esp(u, _default_is(systemd_boot_entry(kernel))) for u in esps]
+    else:
+        commit += list(steps["commit"])  # type: ignore[call-overload]
+    return {
+        **steps,
+        "prepare": tuple(prepare),
+        "confirm": tuple(confirm),
+        "commit": (*commit, *tidy),
+        "abandon": (*steps["abandon"], *tidy),  # type: ignore[misc]
+    }
 
 
 def _steps(
@@ -303,9 +440,11 @@ def _steps(
     if method == "systemd-boot":
         pin += ["proxmox-boot-tool refresh"]
         pin += every_esp(_default_is(systemd_boot_entry(running)))
-        prepare += [f"proxmox-boot-tool kernel add {new}", "proxmox-boot-tool refresh"]
+        kentry = systemd_boot_entry(kernel)  # the kernel's own entry, its default after the commit
+        if kernel != running:
+            prepare += [f"proxmox-boot-tool kernel add {new}", "proxmox-boot-tool refresh"]
         prepare += every_esp(
-            f'test -f "$M/loader/entries/{entry}" && '
+            f'test -f "$M/loader/entries/{kentry}" && '
             f'test -f "$M/EFI/proxmox/{kernel}/vmlinuz-{kernel}" && '
             + _default_is(systemd_boot_entry(running))
         )
@@ -322,7 +461,7 @@ def _steps(
         commit += [f"proxmox-boot-tool kernel pin {new}"]
         commit += [f"proxmox-boot-tool kernel add {old}", f"proxmox-boot-tool kernel remove {new}"]
         commit += ["proxmox-boot-tool refresh"]
-        commit += every_esp(_default_is(entry))
+        commit += every_esp(_default_is(kentry))
         abandon += ['bootctl set-oneshot ""']
     elif method == "grub-esp":
         assert devid is not None

@@ -5,18 +5,26 @@ from __future__ import annotations
 
 from gpuhost.hostfacts import HostFacts
 from gpuhost.spec import HostSpec
-from gpuhost.trialboot import TrialBoot, plan_trial_boot
+from gpuhost.trialboot import TRIAL_MARK, TrialBoot, plan_trial_boot
 from gpuhost.trialstate import RECORD as TRIAL_RECORD
 from gpuhost.trialstate import Step, TrialRecord, next_step
 
 
 def plan_trial(
-    spec: HostSpec, facts: HostFacts, problems: list[str]
+    spec: HostSpec,
+    facts: HostFacts,
+    problems: list[str],
+    boot_due: bool = False,
+    options: str = "",
 ) -> tuple[TrialBoot | None, Step, tuple[str, ...]]:
-    """The trial boot of the planned kernel, which of its steps the host shows is due, and the
-    parameters its boot needs on the command line (panic=N and friends: a failing trial kernel
-    reboots into the default by itself). Those are wanted from the run that starts the trial
-    until the one that commits it; a kernel booted by other means is gated without them."""
+    """The trial boot due on this host, which of its steps the host shows is due, and the
+    parameters to put on the managed command line for it.
+
+    On systemd-boot the trial boots an entry of its own (``options`` plus the panic parameters)
+    and ``boot_due`` (the running kernel needs a boot for its command line or modules) starts a
+    trial of the running kernel too; nothing goes on the managed command line. On GRUB a trial
+    is of a new kernel only, and its panic parameters are wanted on the managed command line
+    from the run that starts it until the one that commits it."""
     try:
         record = TrialRecord.parse((facts.files or {}).get(TRIAL_RECORD))
     except ValueError as exc:
@@ -24,7 +32,8 @@ def plan_trial(
         return None, Step.CONVERGED, ()
     running = facts.kernel.release
     pinned = facts.boot_kernels.pinned if facts.boot_kernels is not None else None
-    step = next_step(record, spec.kernel.version, running, pinned, facts.boot_id)
+    booted = TRIAL_MARK in facts.cmdline
+    step = next_step(record, spec.kernel.version, running, pinned, facts.boot_id, booted, boot_due)
     if step is Step.CONVERGED:
         return None, step, ()
     # The kernel the trial falls back to: recorded when it started, else the one running now
@@ -39,6 +48,9 @@ def plan_trial(
         panic_timeout=settings.panic_timeout,
         deadline_minutes=settings.deadline_minutes,
         without_oneshot=settings.without_oneshot,
+        options=options,
+        own_entry=record is not None or step is Step.START,
     )
     due = step is Step.START or (step is Step.GATE and record is not None)
-    return trial, step, trial.cmdline if due and trial.can_apply else ()
+    on_cmdline = due and trial.can_apply and trial.entry_options is None
+    return trial, step, trial.cmdline if on_cmdline else ()

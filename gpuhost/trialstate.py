@@ -6,13 +6,19 @@ run reads it back and decides the next step from it and from the running kernel 
 killed anywhere (before the reboot, during it, after it, between the gate and the pin) converges
 on the next one, and a trial that failed is never retried in a loop:
 
-    no record, target running, target pinned      -> converged
+    no record, target running, target pinned      -> converged, unless the host needs a boot
+                                                     for its command line or modules: then a
+                                                     trial of the new configuration (same kernel)
     no record, target running, not pinned         -> gate, then pin (booted by other means)
     no record, other kernel running               -> start a trial
     record, same boot as when it was written      -> the reboot did not happen: start it again
-    record, new boot, the trial kernel running    -> gate, then pin (or go back)
-    record, new boot, another kernel running      -> the trial failed and the host came back:
+    record, new boot, the trial booted            -> gate, then commit (or go back)
+    record, new boot, anything else               -> the trial failed and the host came back:
                                                      stop and say so (the user clears the record)
+
+"The trial booted" is the trial kernel running, and, for a trial on the running kernel, the
+trial entry's mark on /proc/cmdline (gpuhost.trialboot.TRIAL_MARK): the fallback boots the
+same kernel there.
 """
 
 from __future__ import annotations
@@ -69,22 +75,35 @@ def next_step(
     running: str,
     pinned: str | None,
     boot_id: str | None,
+    trial_booted: bool = False,
+    boot_due: bool = False,
 ) -> Step:
+    """``trial_booted``: this boot came through the trial entry (its mark on /proc/cmdline);
+    ``boot_due``: the running kernel needs a boot for its command line or modules, tried
+    through a trial entry (only asked where the host has one)."""
     if record is None:
         if running != target:
             return Step.START
-        return Step.CONVERGED if pinned in (None, target) else Step.GATE
+        if pinned not in (None, target):
+            return Step.GATE
+        return Step.START if boot_due else Step.CONVERGED
     if boot_id == record.boot_id:
         return Step.START
-    if running == record.kernel:
+    if running == record.kernel and (record.kernel != record.previous or trial_booted):
         return Step.GATE
     return Step.FAILED
+
+
+def _what(record: TrialRecord) -> str:
+    if record.kernel == record.previous:
+        return f"a new command line or initramfs on kernel {record.kernel}"
+    return f"kernel {record.kernel}"
 
 
 def failed_message(host: str, record: TrialRecord, running: str, journal: str | None) -> str:
     """What happened when a trial did not stick, with the trial boot's kernel log if kept."""
     text = (
-        f"{host}: the trial boot of kernel {record.kernel} ({record.method} one-shot) did not "
+        f"{host}: the trial boot of {_what(record)} ({record.method} one-shot) did not "
         f"come up, or was not confirmed within {record.deadline_s} s; the host is back on "
         f"{running}, which stays the default. Nothing was pinned. Find the cause in the trial "
         f"boot's log (`journalctl -b -1 -k` on the host), fix it, then remove {RECORD} and run "

@@ -192,6 +192,8 @@ def _write_proc(hw: hwsim.Hw, profile: Profile) -> None:
     )
     hw.write("proc/sys/kernel/random/boot_id", hw.state["boot_id"] + "\n", 0o444)
     hw.write("proc/sys/kernel/osrelease", hw.kernel + "\n", 0o444)
+    for name, value in panic_settings(hw.state["cmdline"].split()).items():
+        hw.write(f"proc/sys/kernel/{name}", f"{value}\n", 0o644)  # live: sysctl writes them
     up = hw.state["uptime_at_boot"]
     hw.write("proc/uptime", f"{up:.2f} {up * 0.9 * profile.cpu.cpus:.2f}\n", 0o444)
     kib = profile.memory_gib * 1024 * 1024
@@ -204,6 +206,25 @@ def _write_proc(hw: hwsim.Hw, profile: Profile) -> None:
     if not hw.p("proc/cpuinfo").exists():
         hw.write("proc/cpuinfo", cpuinfo(profile), 0o444)
     _numa(hw, profile)
+
+
+def panic_settings(cmdline: list[str]) -> dict[str, int]:
+    """/proc/sys/kernel's panic settings as the boot parameters leave them (kernel.rst;
+    kernel-parameters.txt: oops=panic, softlockup_panic=, nmi_watchdog=panic, hung_task_panic=,
+    panic=); the last occurrence wins. Debian's and Proxmox's kernels default them to 0."""
+    values = dict.fromkeys(
+        ("panic", "panic_on_oops", "softlockup_panic", "hardlockup_panic", "hung_task_panic"), 0
+    )
+    names = {"oops": "panic_on_oops", "nmi_watchdog": "hardlockup_panic"}
+    for param in cmdline:
+        key, _, value = param.partition("=")
+        if key in ("oops", "nmi_watchdog"):
+            values[names[key]] = int(value == "panic")
+        elif (
+            key in ("panic", "softlockup_panic", "hung_task_panic") and value.lstrip("-").isdigit()
+        ):
+            values[key] = int(value)
+    return values
 
 
 def cpuinfo(profile: Profile) -> str:

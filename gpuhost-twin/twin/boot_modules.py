@@ -181,7 +181,14 @@ def _initramfs(hw: hwsim.Hw, kver: str) -> dict | None:
     data: object = None
     cfg_path = hw.p(BOOTCFG)
     synced = json.loads(cfg_path.read_text()).get("initrd") if cfg_path.exists() else None
-    if isinstance(synced, dict):
+    own = hw.state.get("boot_initrd")  # an ESP entry of its own names its initrd file
+    if own:
+        try:
+            data = json.loads(Path(own).read_text())
+            hw.state["initramfs"] = "esp entry"
+        except (OSError, ValueError):
+            hw.state["initramfs"] = "missing on the ESP"
+    elif isinstance(synced, dict):
         data = synced.get(kver)
         hw.state["initramfs"] = "esp" if data else "missing on the ESP"
     else:

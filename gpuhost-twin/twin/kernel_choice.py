@@ -74,6 +74,12 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
         kernel = _select(hw, profile, cfg, installed)
         options = cfg["entries"].get(kernel) or cfg["cmdline"]
         cmdline = _full_cmdline(profile, cfg, kernel, options)
+        own = hw.state.pop("boot_entry", None)  # an entry of its own on the ESP (not proxmox-*)
+        hw.state.pop("boot_initrd", None)
+        if own is not None:
+            kernel = own["version"]
+            cmdline = " ".join([_initrd_arg(own["initrd"]), *own["options"].split()])
+            hw.state["boot_initrd"] = own["initrd"]  # boot_modules reads this initramfs
         why = "profile" if kernel in profile.failing_kernels else ""
         if not why and "oops=panic" in cmdline.split():  # else the oops kills modules-load only
             why = gsp_mismatch(hw, kernel)
@@ -141,28 +147,74 @@ def _select(hw: hwsim.Hw, profile: Profile, cfg: dict, installed: list[str]) -> 
     newest = sorted(entries, key=hwsim.version_key)[-1]
     default = cfg["kernel_default"] if cfg["kernel_default"] in entries else newest
     if cfg["loader"] == "systemd-boot":
-        return _systemd_boot(hw.root, entries, default)
+        esp = hw.root / ESP_DIR / profile.boot.esp_uuids[0] if profile.boot.esp_uuids else None
+        kernel, own = _systemd_boot(hw.root, entries, default, esp)
+        if own is not None:
+            hw.state["boot_entry"] = own
+        return kernel
     return _grub(hw.root, profile, cfg, entries, default, newest)
 
 
-def _systemd_boot(root: Path, entries: list[str], default: str) -> str:
-    """boot.c: the one-shot is deleted as it is read, before any entry starts."""
+def _systemd_boot(
+    root: Path, entries: list[str], default: str, esp: Path | None
+) -> tuple[str, dict | None]:
+    """boot.c: the one-shot is deleted as it is read, before any entry starts. Entries are the
+    proxmox-<kver>.conf ones of the refresh plus any other loader/entries/*.conf on the ESP the
+    firmware starts (the first), which a one-shot or LoaderEntryDefault may name; an entry whose
+    `linux` file is missing on that ESP is skipped (boot.c L1550-1554)."""
     efivars.firmware_set(root, "LoaderInfo", LOADER_INFO)
     efivars.firmware_set(root, "LoaderFirmwareType", "UEFI 2.70")
     efivars.firmware_set(root, "LoaderFirmwareInfo", "American Megatrends 5.27")
     oneshot = efivars.read_string(root, "LoaderEntryOneShot")
     efivars.firmware_set(root, "LoaderEntryOneShot", None)
     ids = sorted(entries, key=hwsim.version_key, reverse=True)  # descending version order
-    chosen = default
+    own = _own_entries(esp)
     for pattern in (oneshot, efivars.read_string(root, "LoaderEntryDefault")):
-        match = next(
-            (k for k in ids if pattern and fnmatch.fnmatchcase(entry_id(k), pattern)), None
-        )
+        if not pattern:
+            continue
+        match = next((k for k in ids if fnmatch.fnmatchcase(entry_id(k), pattern)), None)
         if match:
-            chosen = match
-            break
-    efivars.firmware_set(root, "LoaderEntrySelected", entry_id(chosen))
-    return chosen
+            efivars.firmware_set(root, "LoaderEntrySelected", entry_id(match))
+            return match, None
+        other = next((i for i in sorted(own) if fnmatch.fnmatchcase(i, pattern)), None)
+        if other is not None:
+            efivars.firmware_set(root, "LoaderEntrySelected", other)
+            return own[other]["version"], own[other]
+    efivars.firmware_set(root, "LoaderEntrySelected", entry_id(default))
+    return default, None
+
+
+def _own_entries(esp: Path | None) -> dict[str, dict]:
+    """Bootable loader/entries/*.conf on ``esp`` other than proxmox-*.conf: id -> its keys
+    (version from the `linux` file name vmlinuz-<kver>, options, initrd path on the ESP)."""
+    found: dict[str, dict] = {}
+    top = esp / "loader/entries" if esp is not None else None
+    if top is None or not top.is_dir():
+        return found
+    for path in top.glob("*.conf"):
+        if path.name.startswith("proxmox-"):
+            continue
+        keys: dict[str, str] = {}
+        for line in path.read_text().splitlines():
+            key, _, value = line.strip().partition(" ")
+            keys.setdefault(key, value.strip())
+        linux = keys.get("linux", "")
+        m = re.fullmatch(r"/?(?:\S*/)?vmlinuz-(\S+)", linux)
+        if m is None or not (esp / linux.lstrip("/")).is_file():
+            continue
+        initrd = keys.get("initrd", "")
+        found[path.name.lower()] = {
+            "version": m.group(1),
+            "options": keys.get("options", ""),
+            "initrd": str(esp / initrd.lstrip("/")) if initrd else "",
+        }
+    return found
+
+
+def _initrd_arg(path: str) -> str:
+    """initrd= as systemd-boot puts it first on the command line (backslashes, ESP-relative)."""
+    rel = path.split(f"/{ESP_DIR}/", 1)[-1].split("/", 1)[-1] if path else ""
+    return "initrd=\\" + rel.replace("/", "\\")
 
 
 def entry_id(kernel: str) -> str:

@@ -44,6 +44,22 @@ def boot_cmdline(ctx: AuditContext) -> list[Finding]:
     return findings
 
 
+@check("boot.panic", "The live panic settings are the Plan's: no trial boot's are left on")
+def boot_panic(ctx: AuditContext) -> list[Finding]:
+    live = ctx.host.facts.panic
+    if live is None:
+        raise NotApplicable("/proc/sys/kernel was not read (an older capture)")
+    fix = (
+        f"{REDEPLOY}: it sets them back (a trial boot runs with them on); to keep one, put its "
+        "parameter in boot.extra"
+    )
+    return [
+        Finding(f"/proc/sys/kernel/{name}", want, live[name], fix)
+        for name, want in sorted(ctx.plan.panic_sysctls.items())
+        if name in live and live[name] != want
+    ]
+
+
 @check("boot.loader", "The boot loader's command line files are the Plan's")
 def boot_loader(ctx: AuditContext) -> list[Finding]:
     files = [f for f in ctx.plan.files.values() if f.concern == "cmdline"]

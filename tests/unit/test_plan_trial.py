@@ -3,9 +3,11 @@ renderer, never a reason to refuse the plan (no deploy runs it yet)."""
 
 import pytest
 
+from gpuhost.bootconf import KERNEL_CMDLINE
 from gpuhost.plan import PlanError, make_plan
 from gpuhost.render import render_plan
 from gpuhost.spec import HostSpec
+from gpuhost.trialboot import TRIAL_ENTRY
 from gpuhost.trialstate import RECORD, Step
 from tests.unit.conftest import proxmox
 from tests.unit.hosts import kpro6
@@ -18,11 +20,19 @@ def spec(version: str = NEW, **trial: object) -> HostSpec:
     return HostSpec.model_validate({"kernel": kernel, "driver": {"version": "580.95.05"}})
 
 
-def test_no_trial_when_the_planned_kernel_runs() -> None:
+def test_a_new_command_line_on_the_running_kernel_is_tried_through_its_own_entry() -> None:
+    """kpro6 runs the planned kernel, but the IOMMU parameters are not on its command line:
+    the boot that applies them is a trial of the running kernel, never a plain reboot."""
     facts = kpro6(BootPath=(0, proxmox("boot-path-systemd-boot.out")))
     plan = make_plan("kpro6", spec("6.8.12-9-pve"), facts)
-    assert plan.trial_boot is None
-    assert "trial boot" not in render_plan(plan)
+    trial = plan.trial_boot
+    assert trial is not None and trial.can_apply and trial.same_kernel
+    assert (plan.trial_step, trial.entry) == (Step.START, TRIAL_ENTRY)
+    assert plan.boot_config_at_commit  # the loader files and initramfs wait for the commit
+    planned = (plan.files[KERNEL_CMDLINE].content or "").split("\n")[0]
+    assert trial.entry_options == f"{planned} {' '.join(trial.cmdline)}"
+    assert plan.trial_commit_files[KERNEL_CMDLINE].content == plan.files[KERNEL_CMDLINE].content
+    assert "the new boot configuration of kernel 6.8.12-9-pve" in trial.what
 
 
 def test_systemd_boot_trial_is_planned_and_shown() -> None:
@@ -31,13 +41,13 @@ def test_systemd_boot_trial_is_planned_and_shown() -> None:
     trial = plan.trial_boot
     assert trial is not None and trial.can_apply
     assert (trial.method, trial.running, trial.kernel) == ("systemd-boot", "6.8.12-9-pve", NEW)
-    assert trial.entry == f"proxmox-{NEW}.conf" and trial.cmdline[0] == "panic=15"
+    assert trial.entry == TRIAL_ENTRY and trial.cmdline[0] == "panic=15"
     assert trial.deadline_s == 1800
     assert (plan.trial_step, plan.target_kernel) == (Step.START, NEW)
     line = next(x for x in render_plan(plan).splitlines() if "trial boot" in x)
     assert line == (
         "kernel trial boot (start the trial boot): trial boot of "
-        f"{NEW} via systemd-boot one-shot 'proxmox-{NEW}.conf', 6.8.12-9-pve pinned until the "
+        f"{NEW} via systemd-boot one-shot '{TRIAL_ENTRY}', 6.8.12-9-pve pinned until the "
         "checks pass"
     )
 
@@ -98,44 +108,66 @@ def test_a_damaged_record_refuses_the_plan_naming_it() -> None:
         make_plan("kpro6", spec(), kpro6(**_with_record(f"kernel={NEW}\n", "3" * 36)))
 
 
-TRIAL_PARAMS = ["panic=10", "oops=panic", "softlockup_panic=1", "nmi_watchdog=panic"]
+TRIAL_PARAMS = [
+    "panic=10",
+    "oops=panic",
+    "softlockup_panic=1",
+    "nmi_watchdog=panic",
+    "hung_task_panic=1",
+    "gpuhost.trial=1",
+]
 
 
-def test_the_trial_boots_with_panic_parameters() -> None:
-    """From the run that starts the trial, a failing kernel reboots into the default by itself."""
+def test_the_trial_boots_with_panic_parameters_in_its_own_entry_only() -> None:
+    """From the run that starts the trial, a failing kernel reboots into the default by itself;
+    the files every entry shares never get the parameters."""
     plan = make_plan("kpro6", spec(), kpro6(**_with_record(None, "1" * 36)))
-    assert plan.trial_step is Step.START
-    assert all(p in plan.cmdline_present for p in TRIAL_PARAMS)
+    assert plan.trial_step is Step.START and plan.trial_boot is not None
+    assert all(p in (plan.trial_boot.entry_options or "").split() for p in TRIAL_PARAMS)
+    assert not any(p in plan.cmdline_present for p in TRIAL_PARAMS)
     line = plan.files["/etc/kernel/cmdline"].content or ""
     assert line.startswith("root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet ")
-    assert all(p in line.split() for p in TRIAL_PARAMS)
+    assert not any(p in line.split() for p in TRIAL_PARAMS)
 
 
-def test_after_the_commit_they_leave_the_files_without_a_reboot() -> None:
-    """Converged on the trial's kernel, which booted with them: the files drop them, and the
-    running kernel having them is neither a reboot reason nor an audit failure."""
+def test_grub_keeps_them_on_the_managed_line_until_the_commit() -> None:
+    facts = kpro6(
+        BootPath=(0, proxmox("boot-path-grub-lvm.out")),
+        BootTool=(0, proxmox("boot-tool-status-unconfigured.out")),
+    )
+    plan = make_plan("kpro6", spec(without_oneshot=True), facts)
+    assert plan.trial_step is Step.START and not plan.boot_config_at_commit
+    assert all(p in plan.cmdline_present for p in TRIAL_PARAMS)
+
+
+def test_after_the_commit_the_host_is_converged_and_panic_settings_go_back() -> None:
+    """Converged on the trial entry's boot: it booted the planned line plus the trial's
+    parameters; neither they nor the mark are a reboot reason, and the Plan wants the live
+    panic settings off (the commit sets them, the audit checks them)."""
     import base64
 
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
-    booted = "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet " + " ".join(TRIAL_PARAMS)
-    record = "# Managed by gpuhost\n" + "".join(f"{p}\n" for p in TRIAL_PARAMS)
+    first = make_plan("kpro6", spec("6.8.12-9-pve"), kpro6(**_with_record(None, "1" * 36)))
+    planned = first.files[KERNEL_CMDLINE].content or ""
+    record = first.files["/etc/gpuhost/kernel-cmdline"].content or ""
+    booted = planned.split("\n")[0] + " " + " ".join(TRIAL_PARAMS)
     facts = kpro6(
         BootPath=(0, proxmox("boot-path-systemd-boot.out")),
         ConfigFiles=(
             0,
             [
-                f"F /etc/kernel/cmdline {b64(booted + chr(10))}",
+                f"F /etc/kernel/cmdline {b64(planned)}",
                 f"F /etc/gpuhost/kernel-cmdline {b64(record)}",
             ],
         ),
-        KernelCmdline=(0, [f"BOOT_IMAGE=/boot/vmlinuz-6.8.12-9-pve {booted}"]),
+        KernelCmdline=(0, [f"initrd=\\EFI\\gpuhost-trial\\initrd.img-6.8.12-9-pve {booted}"]),
+        ModuleParameters=(0, ["nvidia_uvm uvm_disable_hmm Y"]),
     )
     plan = make_plan("kpro6", spec("6.8.12-9-pve"), facts)
-    assert plan.trial_step is Step.CONVERGED
-    line = plan.files["/etc/kernel/cmdline"].content or ""
-    assert not any(p in line.split() for p in TRIAL_PARAMS)
+    assert plan.trial_step is Step.CONVERGED, plan.reboot_reasons
     assert not any(p in plan.cmdline_absent for p in TRIAL_PARAMS)
     reasons = " ".join(str(r) for r in plan.reboot_now + plan.reboot_later)
     assert "panic" not in reasons
+    assert set(plan.panic_sysctls.values()) == {"0"}

@@ -11,10 +11,14 @@ from facts.boot import parse_boot_path
 from facts.proxmox import parse_boot_tool_status
 from gpuhost.trialboot import (
     ESP_MOUNTS,
+    TRIAL_ENTRY,
+    TRIAL_MARK,
     TrialBoot,
     grub_entry,
     on_esp,
+    panic_sysctls,
     plan_trial_boot,
+    settle_commands,
     systemd_boot_entry,
 )
 from tests.unit.conftest import proxmox
@@ -27,9 +31,13 @@ PLAIN_DEVID = "9c0e4d1a-77b2-4f0e-a3c5-6e8f1b2d4a90"
 UNCONFIGURED = parse_boot_tool_status(proxmox("boot-tool-status-unconfigured.out"))
 
 
-def systemd_boot(**kw: object) -> TrialBoot:
+PLANNED = "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on iommu=pt"
+
+
+def systemd_boot(running: str = OLD, **kw: object) -> TrialBoot:
+    kw.setdefault("options", PLANNED)
     return plan_trial_boot(
-        OLD,
+        running,
         NEW,
         parse_boot_path(proxmox("boot-path-systemd-boot.out")),
         parse_boot_tool_status(proxmox("boot-tool-status-uefi.out")),
@@ -72,11 +80,7 @@ def test_exact_one_shot_ids() -> None:
 
 def test_systemd_boot_one_shot_and_read_back() -> None:
     trial = systemd_boot()
-    assert (trial.method, trial.can_apply, trial.entry) == (
-        "systemd-boot",
-        True,
-        f"proxmox-{NEW}.conf",
-    )
+    assert (trial.method, trial.can_apply, trial.entry) == ("systemd-boot", True, TRIAL_ENTRY)
     # the pin comes before anything is installed; a stale next-boot pin goes first
     assert trial.pin_running[:3] == (
         "rm -f /etc/kernel/next-boot-pin",
@@ -88,35 +92,115 @@ def test_systemd_boot_one_shot_and_read_back() -> None:
         f"proxmox-boot-tool kernel add {NEW}",
         "proxmox-boot-tool refresh",
     )
-    for uuid, check in zip(("4A1C-9E2B", "4A1D-03F7"), trial.prepare[3:], strict=True):
+    for uuid, check in zip(("4A1C-9E2B", "4A1D-03F7"), trial.prepare[3:5], strict=True):
         assert f"/dev/disk/by-uuid/{uuid}" in check and f"{ESP_MOUNTS}/{uuid}" in check
         assert f'"$M/loader/entries/proxmox-{NEW}.conf"' in check
         assert f"proxmox-{OLD}.conf" in check  # the default is still the old kernel
+    # the trial's own initramfs, beside the one update-initramfs keeps, then its entry per ESP
+    assert trial.prepare[6] == f"mkinitramfs -o /boot/gpuhost-trial/initrd.img-{NEW} {NEW}"
+    assert sum(TRIAL_ENTRY in c for c in trial.prepare[7:]) == 2
     oneshot = trial.oneshot
     clear = oneshot.index('bootctl set-default ""')
-    assert oneshot.index(f"bootctl set-oneshot proxmox-{NEW}.conf") > clear
+    assert oneshot.index(f"bootctl set-oneshot {TRIAL_ENTRY}") > clear
     assert oneshot[-1] == (
         f"test \"$(tail -c +5 /sys/firmware/efi/efivars/LoaderEntryOneShot-{G} | tr -d '\\000')\""
-        f" = proxmox-{NEW}.conf"
+        f" = {TRIAL_ENTRY}"
     )
     assert f"test ! -e /sys/firmware/efi/efivars/LoaderEntryDefault-{G}" in oneshot
     assert trial.confirm[0] == f'test "$(uname -r)" = {NEW}'
-    assert any("LoaderEntrySelected" in c and f"proxmox-{NEW}.conf" in c for c in trial.confirm)
+    assert any("LoaderEntrySelected" in c and TRIAL_ENTRY in c for c in trial.confirm)
     assert f"test ! -e /sys/firmware/efi/efivars/LoaderEntryOneShot-{G}" in trial.confirm
-    # commit: pin the new kernel, keep the old one synced
+    assert trial.confirm[-1] == f"grep -qw {TRIAL_MARK} /proc/cmdline"
+    # commit: the target kernel's initramfs only, pin the new kernel, keep the old one synced
+    assert trial.commit[0] == f"update-initramfs -u -k {NEW}"
+    assert not any("-k all" in c for c in trial.commit)
     pin = trial.commit.index(f"proxmox-boot-tool kernel pin {NEW}")
     assert trial.commit[pin + 1 : pin + 4] == (
         f"proxmox-boot-tool kernel add {OLD}",
         f"proxmox-boot-tool kernel remove {NEW}",
         "proxmox-boot-tool refresh",
     )
+    # the kernel's own entry is the default after it; the trial entry goes from every ESP
+    assert sum(f"proxmox-{NEW}.conf" in c for c in trial.commit) == 2
+    assert trial.commit[-1] == "rm -rf /boot/gpuhost-trial"
+    assert sum(TRIAL_ENTRY in c and "rm -rf" in c for c in trial.abandon) == 2
+
+
+def test_only_the_trial_entry_carries_the_panic_parameters() -> None:
+    trial = systemd_boot()
+    assert trial.entry_options == f"{PLANNED} {' '.join(trial.cmdline)}"
+    # nothing else the trial runs names them: no entry but its own gets them
+    others = (*trial.pin_running, *trial.oneshot, *trial.commit, *trial.abandon)
+    assert not any("oops=panic" in c for c in others)
+
+
+def test_a_new_command_line_on_the_running_kernel_is_a_trial_too() -> None:
+    trial = systemd_boot(running=NEW)
+    assert trial.can_apply and trial.same_kernel and trial.entry == TRIAL_ENTRY
+    assert not any("kernel add" in c or "kernel remove" in c for c in every_command(trial))
+    assert trial.commit[:2] == (f"update-initramfs -u -k {NEW}", "proxmox-boot-tool refresh")
+    # on GRUB there is no trial entry: refused, not rebooted into the fallback's own entry
+    grub = plan_trial_boot(NEW, NEW, *_grub_plain_inputs())
+    assert not grub.can_apply and "trial-only boot entry" in (grub.refusal or "")
+
+
+def _grub_plain_inputs():  # type: ignore[no-untyped-def]
+    return parse_boot_path(proxmox("boot-path-grub-plain.out")), UNCONFIGURED
+
+
+def test_the_trial_entry_as_written_on_an_esp(tmp_path: Path) -> None:
+    """The prepare step's ESP command, run for real on a directory (mount stubbed)."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    for tool in ("mount", "umount"):
+        (stub / tool).write_text("#!/bin/sh\nexit 0\n")
+        (stub / tool).chmod(0o755)
+    boot = tmp_path / "boot"
+    (boot / "gpuhost-trial").mkdir(parents=True)
+    (boot / f"vmlinuz-{NEW}").write_text("kernel")
+    (boot / f"gpuhost-trial/initrd.img-{NEW}").write_text("initrd")
+    esp = tmp_path / "esp"
+    trial = systemd_boot()
+    put = next(c for c in trial.prepare if "4A1C-9E2B" in c and TRIAL_ENTRY in c)
+    put = put.replace(ESP_MOUNTS, str(esp)).replace("/boot/", f"{boot}/")
+    (esp / "4A1C-9E2B" / "loader/entries").mkdir(parents=True)
+    script = put.replace('rmdir "$M"', "true")  # keep the directory to look at
+    done = subprocess.run(["sh", "-c", script], env={"PATH": f"{stub}:/usr/bin:/bin"})
+    assert done.returncode == 0
+    top = esp / "4A1C-9E2B"
+    entry = (top / f"loader/entries/{TRIAL_ENTRY}").read_text().splitlines()
+    assert entry[2] == f"options  {trial.entry_options}"
+    assert entry[3:] == [
+        f"linux    /EFI/gpuhost-trial/vmlinuz-{NEW}",
+        f"initrd   /EFI/gpuhost-trial/initrd.img-{NEW}",
+    ]
+    assert (top / f"EFI/gpuhost-trial/initrd.img-{NEW}").read_text() == "initrd"
+
+
+def test_panic_settings_follow_the_parameters() -> None:
+    trial = systemd_boot()
+    on = panic_sysctls(list(trial.cmdline))
+    assert on == {
+        "panic_on_oops": "1",
+        "softlockup_panic": "1",
+        "hardlockup_panic": "1",
+        "hung_task_panic": "1",
+    }
+    assert set(panic_sysctls(["quiet"]).values()) == {"0"}
+    assert panic_sysctls(["oops=panic"])["panic_on_oops"] == "1"  # boot.extra keeps one
+    assert settle_commands({"panic_on_oops": "0"}) == ("echo 0 > /proc/sys/kernel/panic_on_oops",)
+
+
+def test_the_deadline_script_knows_the_trial_mark() -> None:
+    script = (Path(__file__).parents[2] / "files/gpuhost-trial-deadline").read_text()
+    assert f"grep -qw {TRIAL_MARK} /proc/cmdline" in script
 
 
 def test_read_back_catches_firmware_that_drops_the_write(tmp_path: Path) -> None:
     # the read-back pipeline itself, on efivarfs-shaped files
     check = systemd_boot().oneshot[-1].replace("/sys/firmware/efi/efivars", str(tmp_path))
     var = tmp_path / f"LoaderEntryOneShot-{G}"
-    var.write_bytes(b"\x07\x00\x00\x00" + f"proxmox-{NEW}.conf\0".encode("utf-16-le"))
+    var.write_bytes(b"\x07\x00\x00\x00" + f"{TRIAL_ENTRY}\0".encode("utf-16-le"))
     assert subprocess.run(["sh", "-c", check]).returncode == 0
     var.write_bytes(b"\x07\x00\x00\x00" + f"proxmox-{OLD}.conf\0".encode("utf-16-le"))
     assert subprocess.run(["sh", "-c", check]).returncode != 0
@@ -206,16 +290,25 @@ def test_never_the_next_boot_pin(make) -> None:  # type: ignore[no-untyped-def]
     assert trial.can_apply
     assert not any("--next-boot" in c for c in every_command(trial))
     assert trial.pin_running[0] == "rm -f /etc/kernel/next-boot-pin"
-    assert not any("watchdog" in c.lower() for c in every_command(trial))  # no hardware one
+    # no hardware watchdog (nmi_watchdog=panic in the trial entry's options is the kernel's own)
+    commands = [c.replace("nmi_watchdog=panic", "") for c in every_command(trial)]
+    assert not any("watchdog" in c.lower() for c in commands)
 
 
 def test_trial_command_line_and_deadline() -> None:
     trial = systemd_boot(panic_timeout=15, deadline_minutes=30)
-    assert trial.cmdline == ("panic=15", "oops=panic", "softlockup_panic=1", "nmi_watchdog=panic")
+    assert trial.cmdline == (
+        "panic=15",
+        "oops=panic",
+        "softlockup_panic=1",
+        "nmi_watchdog=panic",
+        "hung_task_panic=1",
+        TRIAL_MARK,
+    )
     assert (trial.deadline_s, trial.before_deadline_reboot) == (30 * 60, ())
     assert trial.confirm[0] == f'test "$(uname -r)" = {NEW}'
     assert trial.summary == (
-        f"trial boot of {NEW} via systemd-boot one-shot 'proxmox-{NEW}.conf', "
+        f"trial boot of {NEW} via systemd-boot one-shot '{TRIAL_ENTRY}', "
         f"{OLD} pinned until the checks pass"
     )
 

@@ -35,6 +35,25 @@ def test_next_step(record, running, pinned, boot_id, step):
     assert next_step(record, NEW, running, pinned, boot_id) is step
 
 
+SAME = TrialRecord(kernel=NEW, previous=NEW, boot_id="b-1", deadline_s=1200, method="systemd-boot")
+
+
+@pytest.mark.parametrize(
+    ("record", "boot_id", "booted", "due", "step"),
+    [
+        (None, "b-1", False, True, Step.START),  # a new command line or module setting is due
+        (None, "b-1", False, False, Step.CONVERGED),
+        (SAME, "b-1", False, True, Step.START),  # killed before the reboot
+        (SAME, "b-2", True, False, Step.GATE),  # the trial entry booted (its mark)
+        # the same kernel, but through the fallback's own entry: the trial failed, and is
+        # not retried in a loop even though the boot is still due
+        (SAME, "b-2", False, True, Step.FAILED),
+    ],
+)
+def test_a_trial_of_the_running_kernel_is_told_by_its_mark(record, boot_id, booted, due, step):
+    assert next_step(record, NEW, NEW, NEW, boot_id, trial_booted=booted, boot_due=due) is step
+
+
 def test_a_failed_trial_says_what_happened_and_how_to_retry():
     text = failed_message("kpro6", RECORDED, OLD, "[  3.1] Kernel panic - not syncing: VFS")
     assert f"trial boot of kernel {NEW}" in text and f"back on {OLD}" in text

@@ -49,6 +49,7 @@ SHIMS = {
     "proxmox-boot-tool": "usr/sbin",
     "update-grub": "usr/sbin",
     "update-initramfs": "usr/sbin",
+    "mkinitramfs": "usr/sbin",
 }
 HOOK = '''#!/usr/bin/python3
 """/etc/kernel/{phase}.d/{name}: the gpuhost twin's kernel hook (source: twin/pve in gpuhost)."""

@@ -172,6 +172,35 @@ def update_initramfs(root: Path, argv: list[str], out: Output) -> int:
     return rc
 
 
+def mkinitramfs(root: Path, argv: list[str], out: Output) -> int:
+    outfile, version, args = None, None, list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "-o" and args:
+            outfile = args.pop(0)
+        elif arg in ("-d", "-r", "-c", "-m") and args:
+            args.pop(0)
+        elif arg in ("-k", "-l", "-v"):
+            continue
+        elif not arg.startswith("-") and version is None:
+            version = arg
+        else:
+            out.err(initramfs.MKINITRAMFS_USAGE)
+            return 2
+    if outfile is None:
+        out.err(initramfs.MKINITRAMFS_USAGE)
+        return 2
+    version = version or bf.running_kernel(root)
+    bo = bf.Out()
+    rc = 0
+    try:
+        initramfs.mkinitramfs(root, bo, outfile, version)
+    except bf.Exit as exc:
+        rc = exc.rc
+    out.take(bo)
+    return rc
+
+
 def kernel_hook(root: Path, argv: list[str], out: Output) -> int:
     """argv: <phase> <hook name> <version> [<image>] (run-parts passes version and image)."""
     phase, name, version = [*argv, "", "", ""][:3]

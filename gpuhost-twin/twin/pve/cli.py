@@ -1,5 +1,5 @@
 """Entry points of the twin's Proxmox tools: pct, qm, pvesh, proxmox-boot-tool, update-grub,
-update-initramfs (stdlib only; installed into the twin by twin.pve.install).
+update-initramfs, mkinitramfs (stdlib only; installed into the twin by twin.pve.install).
 
 One module per tool family: pct_qm (pct, qm), pvesh, boot_commands (proxmox-boot-tool,
 update-grub, update-initramfs, kernel hooks); clihandler parses arguments like pve-common's
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import config as cfg
-from .boot_commands import boot_tool, kernel_hook, update_grub, update_initramfs
+from .boot_commands import boot_tool, kernel_hook, mkinitramfs, update_grub, update_initramfs
 from .clihandler import Output
 from .pct_qm import guest_tool
 from .pvesh import pvesh
@@ -31,6 +31,7 @@ TOOLS: dict[str, Callable[[Path, list[str], Output], int]] = {
     "proxmox-boot-tool": boot_tool,
     "update-grub": update_grub,
     "update-initramfs": update_initramfs,
+    "mkinitramfs": mkinitramfs,
     "kernel-hook": kernel_hook,
 }
 

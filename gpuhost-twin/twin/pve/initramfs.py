@@ -105,3 +105,22 @@ def update_initramfs(
             refresh(
                 root, out, hook="zz-proxmox-boot"
             )  # /etc/initramfs/post-update.d/proxmox-boot-sync
+
+
+# --- mkinitramfs ---
+
+MKINITRAMFS_USAGE = "Usage: mkinitramfs [option]... -o outfile [version]"
+
+
+def mkinitramfs(root: Path, out: Out, outfile: str, version: str) -> None:
+    """`mkinitramfs -o OUTFILE VERSION` (initramfs-tools-core): one image written to OUTFILE and
+    nothing else: no state under /var/lib/initramfs-tools and no post-update hooks (those are
+    update-initramfs's), so proxmox-boot-sync does not run."""
+    if not (root / f"lib/modules/{version}").is_dir():
+        out.err(f"mkinitramfs: /lib/modules/{version} does not exist")
+        raise Exit(1)
+    target = root / outfile.lstrip("/")
+    if not target.parent.is_dir():
+        out.err(f"mkinitramfs: {target.parent.relative_to(root)} does not exist")
+        raise Exit(1)
+    target.write_text(json.dumps(initramfs_record(root, version), indent=1) + "\n")
