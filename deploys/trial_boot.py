@@ -268,13 +268,15 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
     yield _step(reboot_into_trial)
 
 
-@deploy("Trial boot of a new kernel")
+@deploy("Trial boot")
 def trial(plan: Plan) -> None:
     guests = guest_power(plan, rebooting=plan.trial_step is Step.START)
     # One host at a time across a fleet, and none after a failed one: deploys/rollout.py runs
     # each host's whole deploy in a turn of its own (kernel.trial.parallel shares the first).
+    trial_boot = plan.trial_boot
+    what = trial_boot.what if trial_boot is not None else f"kernel {plan.target_kernel}"
     run_trial(
-        name="Boot the new kernel once, check it, pin it",
+        name=f"Trial boot: {what} once through the one-shot, checked, then the default",
         plan=plan,
         delay=int(host.data.get("gpuhost_reboot_delay", 10)),
         timeout=int(host.data.get("gpuhost_reboot_timeout", 900)),

@@ -390,7 +390,7 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     expected = expected[:cut] + add + expected[cut:]
     trial_names = set(trial_cmdline_names())
     panic = panic_sysctls(
-        [p for p in expected if p.split("=", 1)[0] not in trial_names or p in boot.present]
+        [p for p in expected if p.split("=", 1)[0] not in trial_names or p in spec.boot.extra]
     )
     if entry_trials:
         boot_due = any(r.concern in REBOOT_NOW for r in reasons)

@@ -28,7 +28,10 @@ class Deploy:
 
     @property
     def reboots(self) -> int:
-        return self.output.count("kernel command line confirmed")
+        """Confirmed reboots: plain ones and trial boots that passed their gate."""
+        return self.output.count("kernel command line confirmed") + self.output.count(
+            "passed its trial boot"
+        )
 
     @property
     def changed(self) -> bool:

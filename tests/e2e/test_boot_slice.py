@@ -64,7 +64,11 @@ def test_boot_parameters_and_module_options_converge(
     assert dry.rc == 0, dry.output
     assert "GPU plan for" in dry.output and "this run reboots the host, because:" in dry.output
     changes = dry.output.split("--> Detected changes:", 1)[1]
-    assert "Kernel parameters: " in changes and "Reboot to apply boot-time changes" in changes
+    if profile == "kpro6":  # systemd-boot: the new command line is tried through its own entry
+        assert "Trial boot: the new boot configuration of kernel" in changes
+        assert "Kernel parameters: " not in changes  # the commit writes them
+    else:  # GRUB: no trial entry (yet): the files, then a plain reboot
+        assert "Kernel parameters: " in changes and "Reboot to apply boot-time changes" in changes
     assert manifest(twin.root) == before
     assert twin.boot_id() == boot_id
 
@@ -78,6 +82,13 @@ def test_boot_parameters_and_module_options_converge(
     cmdline = host.file("/proc/cmdline").content_string.split()
     assert all(p in cmdline for p in planned), cmdline
     assert "mitigations=off" in cmdline  # the user's parameter survived
+    if profile == "kpro6":  # booted through the trial entry, then committed
+        assert "gpuhost.trial=1" in cmdline and "oops=panic" in cmdline
+        loader = host.file("/etc/kernel/cmdline").content_string.split()
+        assert all(p in loader for p in planned) and "oops=panic" not in loader
+        for name in ("panic_on_oops", "softlockup_panic", "hardlockup_panic", "hung_task_panic"):
+            assert host.file(f"/proc/sys/kernel/{name}").content_string.strip() == "0", name
+        assert not host.file("/boot/gpuhost-trial").exists
     assert "amd_iommu=on" not in cmdline  # not a kernel option: the AMD IOMMU is on by default
     assert (
         host.file("/sys/module/nvidia_uvm/parameters/uvm_disable_hmm").content_string.strip() == "Y"
