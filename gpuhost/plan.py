@@ -22,6 +22,7 @@ from gpuhost.gpus import model_name, needs_open_modules
 from gpuhost.guestdevices import guest_devices
 from gpuhost.hostfacts import HostFacts
 from gpuhost.p2p import plan_p2p
+from gpuhost.preconditions import ControlFacts, Precondition, api_writes, plan_preconditions
 from gpuhost.reasons import (
     REBOOT_NOW,
     Reason,
@@ -159,6 +160,8 @@ class Plan:
     # Each container's GPU entries (devN or raw lines) and what changes (gpuhost/ctplan.py).
     containers: dict[int, ContainerDevices] = field(default_factory=dict)
     vfio: VfioBinding | None = None  # the VMs' functions bound to vfio-pci at boot (vfioplan.py)
+    # What the run needs from the control machine, checked before its first change.
+    preconditions: list[Precondition] = field(default_factory=list)
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -195,7 +198,15 @@ def _files(plan_parts: dict[str, tuple[str | None, str]]) -> dict[str, ManagedFi
     }
 
 
-def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = None) -> Plan:
+def make_plan(
+    host: str,
+    spec: HostSpec,
+    facts: HostFacts,
+    source: str | None = None,
+    control: ControlFacts | None = None,
+) -> Plan:
+    """+ control: what the control machine showed (gpuhost/controlfacts.py); None: the plan's
+    preconditions are listed as not checked"""
     problems: list[str] = []
     notes: list[str] = []
     gpus = sorted((d for d in facts.pci.values() if d.is_gpu), key=lambda d: d.bdf)
@@ -384,6 +395,10 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     vfio = plan_vfio(vm_functions, {bdf: d.class_code for bdf, d in facts.pci.items()})
     for path, content, mode in vfio_files(vfio):
         files[path] = ManagedFile(path, content, "vfio", mode=mode)
+    driver_modules = plan_driver_modules(spec, facts)
+    preconditions = plan_preconditions(
+        spec, facts, api_writes(vm_split, facts), driver_modules, userspace, control
+    )
     expected = [p for p in running if p not in remove]
     cut = expected.index("--") if "--" in expected else len(expected)
     expected = expected[:cut] + add + expected[cut:]
@@ -418,8 +433,9 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         trial_step=step,
         trial_commit_files=after_trial,
         target_kernel=spec.kernel.version,
-        driver_modules=plan_driver_modules(spec, facts),
+        driver_modules=driver_modules,
         driver_userspace=userspace,
         containers=containers,
         vfio=vfio,
+        preconditions=preconditions,
     )
