@@ -376,7 +376,8 @@ def make_plan(
     if problems:
         raise PlanError(host, problems, source)
 
-    lxc_nodes, vm_functions = guest_devices(assignments, facts)
+    rebooting = any(r.concern in REBOOT_NOW for r in reasons) or step is not Step.CONVERGED
+    lxc_nodes, vm_functions = guest_devices(assignments, facts, rebooting)
     vm_split = plan_vm_gpus(
         vm_functions,
         {vm.vmid: vm.name for vm in spec.vm_guests},
@@ -388,7 +389,6 @@ def make_plan(
     if problems:
         raise PlanError(host, problems, source)
     # Each GPU container's entries (gpuhost/ctplan.py); raw rules wait for a run without reboot.
-    rebooting = any(r.concern in REBOOT_NOW for r in reasons) or step is not Step.CONVERGED
     containers = plan_containers(spec, facts, lxc_nodes, rebooting, problems, notes)
     if problems:
         raise PlanError(host, problems, source)
