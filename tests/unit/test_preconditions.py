@@ -9,6 +9,7 @@ from pathlib import Path
 from gpuhost.artifacts import ArtifactKey, ArtifactStore
 from gpuhost.controlfacts import read_control
 from gpuhost.driverplan import MODULES_KIND
+from gpuhost.inventory import load_hosts
 from gpuhost.plan import make_plan
 from gpuhost.render import render_plan
 from gpuhost.spec import HostSpec
@@ -133,3 +134,21 @@ def test_a_plan_made_without_the_control_machine_says_not_checked() -> None:
         ("proxmox.token_env", False, False)
     ]
     assert "not checked proxmox.token_env" in render_plan(made)
+
+
+def test_an_unreachable_build_host_fails_the_kernel_precondition(tmp_path: Path) -> None:
+    inv = tmp_path / "site.py"
+    inv.write_text(
+        "from gpuhost.inventory import build_host, gpu_host\n"
+        "SPEC = {'kernel': {'version': '6.14.8-2-bpo12-pve', 'source': 'build', "
+        "'build': {'repo': '/src'}}, 'driver': {'version': '595.71.05'}, "
+        "'artifacts': {'build_host': 'builder'}}\n"
+        "builder = build_host('builder', ssh_hostname='127.0.0.1', ssh_port=1, ssh_user='root')\n"
+        "hosts = [gpu_host('kpro6', SPEC, ssh_hostname='127.0.0.1')]\n"
+    )
+    spec = load_hosts(inv)[0]["kpro6"][0]
+    facts = kpro6()
+    made = make_plan("kpro6", spec, facts, str(inv), read_control(spec, facts, str(inv), {}))
+    (store,) = [p for p in made.preconditions if p.name == "artifacts.build_host"]
+    assert not store.holds and "build host builder: cannot connect" in (store.problem or "")
+    assert "to install kernel 6.14.8-2-bpo12-pve from it" in store.needs
