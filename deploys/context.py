@@ -13,9 +13,11 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
 
 from facts.snapshot import Combined
+from gpuhost.controlfacts import read_control
 from gpuhost.hostfacts import HostFacts, combined_args, parse_raw
 from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
 from gpuhost.plan import Plan, PlanError, make_plan
+from gpuhost.preconditions import unmet
 from gpuhost.render import render_plan
 from gpuhost.spec import HostSpec
 
@@ -45,10 +47,24 @@ def plan(host: Host) -> Plan:
                 f"{host.name}: no gpuhost spec in host data; declare the host with "
                 "gpuhost.inventory.gpu_host() in the inventory"
             )
+        source = host.data.get(SOURCE_KEY)
+        facts = observed(host)
         try:
-            made = make_plan(host.name, spec, observed(host), host.data.get(SOURCE_KEY))
+            made = make_plan(host.name, spec, facts, source, read_control(spec, facts, source))
         except PlanError as exc:
             raise DeployError(str(exc)) from None
         logger.info(f"{host.print_prefix}\n{render_plan(made)}")
         _plans[key] = made
     return _plans[key]
+
+
+def refuse_unmet(plan: Plan, host: Host) -> None:
+    """Stop while pyinfra prepares, before any operation runs, unless everything the run needs
+    from the control machine is there (gpuhost/preconditions.py): a run must not stop guests
+    or move a board and only then find the token or a file missing."""
+    failed = unmet(plan.preconditions)
+    if failed:
+        raise DeployError(
+            f"{host.name}: nothing was changed: {len(failed)} precondition(s) of this run "
+            "failed:\n" + "\n".join(f"  - {p.line()}" for p in failed)
+        )

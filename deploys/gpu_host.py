@@ -35,6 +35,7 @@ from gpuhost.trialstate import Step
 
 def provision() -> None:
     plan = context.plan(host)
+    context.refuse_unmet(plan, host)  # the token, driver files, stores: before any change
     trial_boot.preflight(plan)
     for _turn in rollout.turns(host):  # one host after another across a fleet: deploys/rollout.py
         rebooting = bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED

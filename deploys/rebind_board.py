@@ -4,7 +4,8 @@
 
 The board's functions come from the Plan (the GPU and its other functions). The
 guests around the move (stop the one that holds the GPU first, start the new owner after) are
-the caller's: the move is refused, naming the process and guest, while anything holds it. The
+the caller's: the move is refused, naming the guest, while a running guest's config has the
+board (gpuhost/boardholders.py), and naming the process while anything holds it. The
 next boot binds as the inventory says (deploys/vfio.py): change the inventory for a move that
 should last.
 """
@@ -14,6 +15,7 @@ from pyinfra.api.exceptions import DeployError
 
 from deploys import context
 from deploys.rebind import DRIVERS, rebind
+from gpuhost.boardholders import holders
 from gpuhost.vfioplan import board_functions
 
 plan = context.plan(host)
@@ -27,6 +29,13 @@ try:
     functions = board_functions(plan.gpus, context.observed(host), gpu)
 except ValueError as exc:
     raise DeployError(f"{host.name}: gpu: {exc}") from None
+running = holders(functions, context.observed(host))
+if running:
+    raise DeployError(
+        f"{host.name}: GPU {functions[0]} is in the config of running guest(s) "
+        f"{'; '.join(running)}: shut them down first (pct shutdown / qm shutdown); nothing "
+        "was moved"
+    )
 rebind(
     name=f"Move GPU {functions[0]} and its functions to {driver}",
     functions=functions,

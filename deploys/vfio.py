@@ -35,8 +35,11 @@ def configure(plan: Plan, live: bool = True) -> None:
     if not live:
         return
     # A board on the wrong side now moves live (refused, naming the holder, while in use).
+    # Boards leave nvidia before any comes back, so a returning GPU takes the minor a leaving
+    # one freed, as the Plan's container nodes expect (gpuhost.guestdevices.planned_minors).
     facts = observed(host)
-    for gpu, driver in misbound(plan.gpus, facts):
+    moves = misbound(plan.gpus, facts)
+    for gpu, driver in sorted(moves, key=lambda m: (m[1] != "vfio-pci", m[0])):
         rebind(
             name=f"Move GPU {gpu} and its functions to {driver}",
             functions=board_functions(plan.gpus, facts, gpu),

@@ -18,6 +18,7 @@ from pathlib import Path
 from pyinfra.api.exceptions import PyinfraError
 
 from gpuhost import buildcmd
+from gpuhost.controlfacts import read_control
 from gpuhost.hostfacts import (
     capture_script,
     gather_live,
@@ -46,7 +47,10 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         raws = gather_live(args.inventory, args.host)
     for name, (spec, _) in hosts.items():
-        print(render_plan(make_plan(name, spec, parse_raw(raws[name]), str(args.inventory))))
+        facts = parse_raw(raws[name])
+        control = read_control(spec, facts, str(args.inventory))
+        plan = make_plan(name, spec, facts, str(args.inventory), control)
+        print(render_plan(plan))  # a failed precondition is shown; the deploy refuses it
     return 0
 
 

@@ -52,8 +52,9 @@ def _gcc(text: str) -> str | None:
     return found.version if found.name == "gcc" else None
 
 
-def stored_kernel(store: StoreReader, release: str, gcc: str) -> Artifact:
-    """The stored build of ``release`` by GCC ``gcc`` (X.Y.Z), verified file by file."""
+def stored_key(store: StoreReader, release: str, gcc: str) -> ArtifactKey:
+    """The key of the one stored build of ``release`` by GCC ``gcc`` (X.Y.Z), from the store's
+    manifests alone (nothing is fetched: the run's preconditions read it while planning)."""
     keys = store.keys("kernel", release, release)
     if not keys:
         raise KernelStoreError(
@@ -74,8 +75,14 @@ def stored_kernel(store: StoreReader, release: str, gcc: str) -> Artifact:
             f"the artifact store {store.root} has kernel {release} by gcc {gcc} from "
             f"{len(ours)} configs ({configs}); remove the ones this host must not get"
         )
+    return ours[0]
+
+
+def stored_kernel(store: StoreReader, release: str, gcc: str) -> Artifact:
+    """The stored build of ``release`` by GCC ``gcc`` (X.Y.Z), verified file by file."""
+    key = stored_key(store, release, gcc)
     try:
-        artifact = store.get(ours[0])
+        artifact = store.get(key)
     except ArtifactError as exc:
         raise KernelStoreError(str(exc)) from None
     assert artifact is not None  # its manifest was just listed

@@ -24,6 +24,7 @@ from gpuhost.gpus import model_name, needs_open_modules
 from gpuhost.guestdevices import guest_devices
 from gpuhost.hostfacts import HostFacts
 from gpuhost.p2p import plan_p2p
+from gpuhost.preconditions import ControlFacts, Precondition, api_writes, plan_preconditions
 from gpuhost.reasons import (
     REBOOT_NOW,
     Reason,
@@ -165,6 +166,8 @@ class Plan:
     # Each container's GPU entries (devN or raw lines) and what changes (gpuhost/ctplan.py).
     containers: dict[int, ContainerDevices] = field(default_factory=dict)
     vfio: VfioBinding | None = None  # the VMs' functions bound to vfio-pci at boot (vfioplan.py)
+    # What the run needs from the control machine, checked before its first change.
+    preconditions: list[Precondition] = field(default_factory=list)
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -212,7 +215,15 @@ def _files(plan_parts: dict[str, tuple[str | None, str]]) -> dict[str, ManagedFi
     }
 
 
-def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = None) -> Plan:
+def make_plan(
+    host: str,
+    spec: HostSpec,
+    facts: HostFacts,
+    source: str | None = None,
+    control: ControlFacts | None = None,
+) -> Plan:
+    """+ control: what the control machine showed (gpuhost/controlfacts.py); None: the plan's
+    preconditions are listed as not checked"""
     problems: list[str] = []
     notes: list[str] = []
     gpus = sorted((d for d in facts.pci.values() if d.is_gpu), key=lambda d: d.bdf)
@@ -404,7 +415,8 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     if problems:
         raise PlanError(host, problems, source)
 
-    lxc_nodes, vm_functions = guest_devices(assignments, facts)
+    rebooting = any(r.concern in REBOOT_NOW for r in reasons) or step is not Step.CONVERGED
+    lxc_nodes, vm_functions = guest_devices(assignments, facts, rebooting)
     vm_split = plan_vm_gpus(
         vm_functions,
         {vm.vmid: vm.name for vm in spec.vm_guests},
@@ -416,13 +428,16 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
     if problems:
         raise PlanError(host, problems, source)
     # Each GPU container's entries (gpuhost/ctplan.py); raw rules wait for a run without reboot.
-    rebooting = any(r.concern in REBOOT_NOW for r in reasons) or step is not Step.CONVERGED
     containers = plan_containers(spec, facts, lxc_nodes, rebooting, problems, notes)
     if problems:
         raise PlanError(host, problems, source)
     vfio = plan_vfio(vm_functions, {bdf: d.class_code for bdf, d in facts.pci.items()})
     for path, content, mode in vfio_files(vfio):
         files[path] = ManagedFile(path, content, "vfio", mode=mode)
+    driver_modules = plan_driver_modules(spec, facts)
+    preconditions = plan_preconditions(
+        spec, facts, api_writes(vm_split, facts), driver_modules, userspace, control
+    )
     return Plan(
         host=host,
         gpus=assignments,
@@ -455,8 +470,9 @@ def make_plan(host: str, spec: HostSpec, facts: HostFacts, source: str | None = 
         trial_commit_files=after_trial,
         panic_sysctls=panic,
         target_kernel=spec.kernel.version,
-        driver_modules=plan_driver_modules(spec, facts),
+        driver_modules=driver_modules,
         driver_userspace=userspace,
         containers=containers,
         vfio=vfio,
+        preconditions=preconditions,
     )

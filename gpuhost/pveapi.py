@@ -80,7 +80,14 @@ def read_token(spec: ProxmoxApiSpec, environ: Mapping[str, str] | None = None) -
                 f"{where} has mode {stat.S_IMODE(info.st_mode):04o}; others may read the "
                 f"token: chmod 600 {spec.token_file}"
             )
-        return parse_token(path.read_text(errors="replace"), where)
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:  # mode 0600 but owned by another user, say
+            raise ApiTokenError(
+                f"{where} cannot be read ({exc.strerror}); make it readable (mode 0600) by the "
+                "user that runs gpuhost"
+            ) from None
+        return parse_token(text, where)
     environ = os.environ if environ is None else environ
     value = environ.get(spec.token_env)
     if not value:

@@ -93,6 +93,11 @@ def render_plan(plan: Plan) -> str:
     if later:
         out.append("needs a later deploy (not applied by this one yet), then a reboot:")
         out += [f"  - {r}" for r in later]
+    if plan.preconditions:
+        out.append("preconditions (checked before the first change):")
+        out += [f"  {p.line()}" for p in plan.preconditions]
+    else:
+        out.append("preconditions: none (nothing needed from the control machine)")
     if plan.notes:
         out.append("notes:")
         out += [f"  - {n}" for n in plan.notes]

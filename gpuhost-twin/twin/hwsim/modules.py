@@ -374,6 +374,7 @@ class KernelModules(Machine):
             "open": open_module,
             "ko": record["path"],
         }
+        self.state["nvidia_minors"] = {}  # a fresh nv_minor_num_table (views.nvidia_minors)
         bound = self.bind_all("nvidia")
         if not bound and not any(b == "nvidia" for b in self.state.get("bindings", {}).values()):
             self.klog("NVRM: No NVIDIA GPU found.")
@@ -406,6 +407,7 @@ class KernelModules(Machine):
                     self.state["bindings"][bdf] = None
         if name == "nvidia":
             self.state["nvidia"] = {"loaded": False, "reason": "unloaded (modprobe -r)"}
+            self.state["nvidia_minors"] = {}
         return True, ""
 
 

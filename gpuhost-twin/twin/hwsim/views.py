@@ -142,17 +142,36 @@ class KernelViews(Machine):
             os.symlink(os.path.relpath(ddir, devdir), link)
             os.symlink(os.path.relpath(devdir, ddir), ddir / bdf)
 
+    def nvidia_minors(self) -> dict[str, int]:
+        """Each nvidia GPU's device minor, as the driver numbers them: a GPU takes the first
+        free minor when nvidia probes it and frees it when it is removed (add_device and
+        remove_device on nv_minor_num_table, kernel-open/nvidia/nv-frontend.c in
+        NVIDIA/open-gpu-kernel-modules). So at module load the GPUs get 0..n-1 in probe (PCI)
+        order, and a GPU moved away and back live gets the lowest free minor, while the others
+        keep theirs. The table lives in the state; the module's load and unload clear it."""
+        bindings = self.state.get("bindings", {})
+        table: dict[str, int] = self.state.setdefault("nvidia_minors", {})
+        for bdf in [b for b in table if bindings.get(b) != "nvidia"]:
+            del table[bdf]  # remove_device: unbound, its minor is free again
+        for gpu in sorted(self.gpus(), key=lambda g: g["bdf"]):
+            if bindings.get(gpu["bdf"]) == "nvidia" and gpu["bdf"] not in table:
+                used = set(table.values())
+                table[gpu["bdf"]] = next(i for i in range(255) if i not in used)
+        return table
+
     def nvidia_gpus(self) -> list[dict]:
         """GPUs bound to nvidia, in PCI order, each with its device minor."""
         bindings = self.state.get("bindings", {})
+        minors = self.nvidia_minors()
         out = []
         for gpu in sorted(self.gpus(), key=lambda g: g["bdf"]):
             if bindings.get(gpu["bdf"]) == "nvidia":
+                minor = minors[gpu["bdf"]]
                 out.append(
                     dict(
                         gpu,
-                        persistence_mode=self.persistence(gpu["bdf"], len(out), gpu),
-                        minor=len(out),
+                        persistence_mode=self.persistence(gpu["bdf"], minor, gpu),
+                        minor=minor,
                         uuid=gpu_uuid(gpu),
                         failed=self.state.get("gpu_failed", {}).get(gpu["bdf"]),
                     )
