@@ -55,3 +55,26 @@ def test_a_missing_target_is_named(state: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("GPUHOST_TWIN_TARGET", "twin9")
     with pytest.raises(InventoryError, match="GPUHOST_TWIN_TARGET=twin9: no such twin"):
         load_inventory(INVENTORY)
+
+
+def test_gpuhost_twin_refuses_a_profile_without_a_spec_before_starting_a_twin(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from pyinfra.api.exceptions import PyinfraError
+
+    from twin import demo
+
+    def no_start(*_: object) -> None:
+        raise AssertionError("a twin was started")
+
+    monkeypatch.setattr(node, "list_twins", lambda: [])  # none runs: the command would start one
+    monkeypatch.setattr(node, "start_fleet", no_start)
+    monkeypatch.setattr(demo.os, "geteuid", lambda: 0)
+    assert demo.spec_profiles() == ["kpro6", "lumped"]
+    args = argparse.Namespace(profile="h200x2", dry=True, driver=False)
+    with pytest.raises(
+        PyinfraError, match=r"--profile h200x2: inventory/twin\.py has specs only for"
+    ):
+        demo.run(args)
