@@ -181,7 +181,7 @@ def test_reader_agrees_with_sh(tmp_path) -> None:
             'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT \\',
             '  amd_iommu=force_isolation"',
             "if [ -d /nonexistent ]; then GRUB_TERMINAL=serial; else GRUB_TIMEOUT=3; fi",
-            "GRUB_TIMEOUT=5; GRUB_CMDLINE_LINUX=\"$GRUB_CMDLINE_LINUX nosmt\"",
+            'GRUB_TIMEOUT=5; GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX nosmt"',
         ]
     )
     files = grub(text, **{"zfs.cfg": (GRUB / "proxmox-zfs.cfg").read_text()})
