@@ -31,7 +31,6 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, OperationError, deploy, operation
 
 from deploys.context import observed
-from deploys.userspace import INSTALLER_FLAGS
 from facts.containers import ContainerState, ContainerStates
 from facts.nvidia import NvidiaUserspace
 from gpuhost.ctplan import ContainerDevices, edit_raw, record_path, restart_marker
@@ -39,7 +38,7 @@ from gpuhost.guestbackup import backup_command, config_path
 from gpuhost.guestpower import guests_from_configs, start_order
 from gpuhost.plan import STATE_DIR, Plan
 from gpuhost.trialstate import Step
-from gpuhost.userspaceplan import DriverUserspace
+from gpuhost.userspaceplan import INSTALLER_FLAGS, DriverUserspace
 
 GUEST_DIR = "/var/lib/gpuhost"  # inside the container, where the installer is pushed
 STOP_TIMEOUT = 180  # seconds a container gets to shut down before it is stopped hard

@@ -34,14 +34,11 @@ from facts.driver_install import PERSISTENCED, PERSISTENCED_USER, DriverUserspac
 from facts.nvidia import FABRICMANAGER_QUERY, NvidiaUserspace
 from gpuhost.debinfo import DebError, control_fields
 from gpuhost.plan import STATE_DIR, Plan
-from gpuhost.userspaceplan import FABRICMANAGER_UNIT, INSTALLER_DIR
+from gpuhost.userspaceplan import FABRICMANAGER_UNIT, INSTALLER_DIR, INSTALLER_FLAGS
 from gpuhost.userspaceplan import DriverUserspace as WantedUserspace
 
 PENDING = f"{STATE_DIR}/pending-userspace"
 FABRICMANAGER_PACKAGE = re.compile(r"nvidia-fabricmanager(-[0-9]+)?")
-INSTALLER_FLAGS = (
-    "--silent --no-kernel-modules --no-kernel-module-source --no-nouveau-check --accept-license"
-)
 
 
 def _verify(wanted: WantedUserspace) -> str:

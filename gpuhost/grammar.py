@@ -26,10 +26,14 @@ PYTHON_RE = re.compile(r"3\.[0-9]{1,2}(?:\.[0-9]{1,3})?")
 CMDLINE_VALUE_CHARS = r"!%*+,\-./0-9:=?@A-Z\[\]^_a-z{}~"
 CMDLINE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 CMDLINE_RE = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.-]*(?:=[{CMDLINE_VALUE_CHARS}]*)?")
-# A DNS name of lowercase labels (Proxmox guest names and container hostnames are DNS names;
-# lowercase so that 'CT200' and 'ct200' cannot both exist).
+# A DNS name of lowercase labels (service and node names).
 DNS_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 DNS_NAME_RE = re.compile(rf"{DNS_LABEL}(?:\.{DNS_LABEL})*")
+# A guest name (VM name, container hostname): Proxmox's `dns-name` format (pve-common
+# src/PVE/JSONSchema.pm, pve_verify_dns_name: labels of a-zA-Z0-9 and inner '-', joined by
+# dots), upper case included; labels kept to DNS's 63. Compared case-insensitively for clashes.
+GUEST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+GUEST_NAME_RE = re.compile(rf"{GUEST_LABEL}(?:\.{GUEST_LABEL})*")
 HOSTNAME_RE = re.compile(
     r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
 )
@@ -52,6 +56,22 @@ GPU_MODEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9 ._()/-]{0,94}[A-Za-z0-9)])?
 # A `nvidia-smi topo -m` link class between two GPUs.
 LINK_RE = re.compile(r"NV[0-9]{1,3}|PIX|PXB|PHB|NODE|SYS")
 MACHINE_RE = re.compile(r"q35|pc|pc-(?:q35|i440fx)-[0-9]{1,2}\.[0-9]{1,2}(?:\+pve[0-9]{1,3})?")
+
+
+def machine_is_q35(machine: str | None) -> bool:
+    """Whether a VM's `machine` value (spec or qemu-server config: `[type=]<type>[,viommu=..]`)
+    is q35, the one rule for GPU passthrough. qemu-server's machine_type_is_q35
+    (src/PVE/QemuServer/Machine.pm): no machine -> the default i440fx; the base type is q35
+    when the type contains 'q35'. Its parse_hostpci_devices (QemuServer/PCI.pm) refuses
+    `pcie=1`, which gpuhost's hostpci entries carry, on any other: "q35 machine model is not
+    enabled"."""
+    if not machine:
+        return False
+    kind = machine.split(",", 1)[0].strip()
+    return "q35" in kind.removeprefix("type=")
+
+
+Q35_FIX = "set machine: q35 for it in the inventory"
 GIT_REF_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*(?:/[A-Za-z0-9_][A-Za-z0-9._+-]*)*")
 GIT_PATH_CHARS = r"A-Za-z0-9._~+%/-"
 HTTPS_URL_RE = re.compile(
@@ -83,8 +103,11 @@ MANAGED_CMDLINE_KEYS = {
     "iommu.passthrough": "boot.iommu_passthrough",
     "iommu.strict": "boot.iommu_passthrough (gpuhost owns the IOMMU mode)",
     "pcie_acs_override": "boot.acs_override",
-    "pci": "boot.pci_realloc",
 }
+# `pci=` is a comma list of independent options, and the kernel parses every occurrence
+# (drivers/pci/pci.c pci_setup, an early_param; init/main.c do_early_param runs it for each):
+# gpuhost owns only its realloc option (boot.pci_realloc), a user's pci=noaer is theirs.
+PCI_OWNED_OPTION = "realloc"
 # Minimum driver branch for each CUDA major.minor a guest may ask for (NVIDIA's compatibility
 # table: CUDA 12.8 needs >= 570, CUDA 13.x needs >= 580).
 CUDA_MIN_DRIVER = {"12.8": 570, "12.9": 575, "13.0": 580, "13.1": 580}
@@ -117,11 +140,12 @@ GRAMMARS = {
     "Python version (venvs[].python)": "3.X or 3.X.Y",
     "kernel parameter (boot.extra)": "name[=value]; name of A-Za-z0-9_.- starting with a letter, "
     "digit or _; value of printable ASCII without space, quotes, $, backticks, backslashes, "
-    "; & | < > ( ) or #; managed names (compared with - = _) are refused",
+    "; & | < > ( ) or #; managed names (compared with - = _) are refused, and pci= only "
+    "with a realloc option",
     "pcie_acs_override": "comma-separated downstream, multifunction, id:vvvv:dddd (hex, at most "
     f"{ACS_MAX_IDS} ids), each once",
-    "guest name": "lowercase DNS name: labels of a-z0-9- (no - at either end, 1-63 characters) "
-    "joined by dots, at most 253 characters",
+    "guest name": "DNS name as Proxmox takes it: labels of A-Za-z0-9- (no - at either end, 1-63 "
+    "characters) joined by dots, at most 253 characters; names differing only in case clash",
     "host name (access.ssh_hostname)": "DNS name (letters, digits, -, dots) or an IPv4/IPv6 "
     "address (no scope id)",
     "user name (access.ssh_user)": "[a-z_][a-z0-9_-], at most 32 characters",

@@ -14,10 +14,13 @@ operator's feet).
 
 The reader evaluates statically what is safe to evaluate: comments (whole-line and after a
 value), single, double and no quotes, quote concatenation, ``export``, several assignments
-(last wins), backslash-newline continuations, and references to GRUB_CMDLINE_LINUX /
-GRUB_CMDLINE_LINUX_DEFAULT themselves. Anything else that could change these two variables
-(command substitution, other variables, commands, ``if``, ``;``) is an error that names the
-file and line: gpuhost does not guess what a shell script would do.
+(last wins, ``;`` between them), backslash-newline continuations, references to
+GRUB_CMDLINE_LINUX / GRUB_CMDLINE_LINUX_DEFAULT themselves, and ``if [ ... ]; then ... fi``
+blocks that set other variables (a condition that is not a variable-setting builtin runs in a
+child process and cannot change one). Anything
+else that could change these two variables (command substitution, other variables, commands,
+setting them inside an ``if``) is an error that names the file and line and says what to write
+instead: gpuhost does not guess what a shell script would do.
 """
 
 from __future__ import annotations
@@ -43,18 +46,39 @@ _REF = {LINUX: "\0L\0", LINUX_DEFAULT: "\0D\0"}
 _SUBST = "\0S\0"  # command substitution
 _OTHER = "\0X\0"  # expansion of any other variable or parameter
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Shell builtins that change the sourcing shell's variables (POSIX special and regular builtins,
+# bash's too); any other command in an if's condition runs in a child process and cannot.
+_SETS_VARIABLES = frozenset(
+    ". source eval read export readonly set unset local declare typeset getopts mapfile "
+    "readarray printf let exec command builtin trap alias".split()
+)
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
 _OPERATORS = set(";&|<>()")
 
 
-class GrubConfigError(ValueError):
-    """A line gpuhost cannot evaluate statically; names the file and line."""
+# The way forward when a line cannot be read: what gpuhost does read.
+READABLE = (
+    "gpuhost reads plain assignments (literal values and $GRUB_CMDLINE_LINUX / "
+    "$GRUB_CMDLINE_LINUX_DEFAULT references, several on a line with ';') and `if <test>; then "
+    "... fi` blocks that set other GRUB variables, and won't guess what the shell would do with "
+    "anything else"
+)
+COMMAND_FIX = (
+    "write what it sets as plain assignments instead (kernel parameters as literal "
+    "GRUB_CMDLINE_LINUX=... values; a drop-in /etc/default/grub.d/<name>.cfg of such lines works "
+    f"too, update-grub sources those), then run gpuhost again; gpuhost itself only writes {DROPIN}"
+)
+CONDITIONAL_FIX = (
+    "set it outside the block, unconditionally (keep the block for the other settings), then run "
+    "gpuhost again: gpuhost must know the command line the next boot gets"
+)
 
-    def __init__(self, origin: str, why: str) -> None:
-        super().__init__(
-            f"{origin}: {why}; gpuhost evaluates only literal values and $GRUB_CMDLINE_LINUX / "
-            "$GRUB_CMDLINE_LINUX_DEFAULT references, and won't guess what the shell would do here"
-        )
+
+class GrubConfigError(ValueError):
+    """A line gpuhost cannot evaluate statically; names the file and line, and what to do."""
+
+    def __init__(self, origin: str, why: str, fix: str = COMMAND_FIX) -> None:
+        super().__init__(f"{origin}: {why}; {READABLE}: {fix}")
         self.origin = origin
 
 
@@ -110,8 +134,11 @@ def parse_grub_defaults(files: Mapping[str, str]) -> GrubCmdline:
     """Evaluate GRUB_CMDLINE_LINUX(_DEFAULT) over ``files`` (path -> content) like update-grub."""
     state: dict[str, tuple[Param, ...]] = {LINUX: (), LINUX_DEFAULT: ()}
     for path in sourced_files(list(files)):
+        blocks: list[str] = []  # origins of the open `if` blocks
         for line, text, problems in _statements(path, files[path]):
-            _apply(f"{path}:{line}", text, problems, state)
+            _apply(f"{path}:{line}", text, problems, state, blocks)
+        if blocks:
+            raise GrubConfigError(blocks[-1], "this if block has no fi", "close it with fi")
     return GrubCmdline(linux=state[LINUX], linux_default=state[LINUX_DEFAULT])
 
 
@@ -268,19 +295,56 @@ def _closing_backtick(content: str, i: int) -> int | None:
 
 
 def _apply(
-    origin: str, text: str, problems: list[str], state: dict[str, tuple[Param, ...]]
+    origin: str,
+    text: str,
+    problems: list[str],
+    state: dict[str, tuple[Param, ...]],
+    blocks: list[str],
 ) -> None:
-    operators = [p for p in problems if p.startswith("the shell operator")]
+    operators = [p for p in problems if p.startswith("the shell operator") and "';'" not in p]
     if operators:
         raise GrubConfigError(origin, f"this line uses {operators[0]}")
     try:
-        lexer = shlex.shlex(text, posix=True)
+        lexer = shlex.shlex(text, posix=True, punctuation_chars=";")
         lexer.whitespace_split = True
         lexer.commenters = ""
         words = list(lexer)
     except ValueError as exc:
         raise GrubConfigError(origin, f"cannot split the line ({exc})") from exc
-    exported = bool(words) and words[0] == "export"
+    segment: list[str] = []
+    for word in [*words, ";"]:  # `;` ends a command; separators are never words of their own
+        if word != ";":
+            segment.append(word)
+        elif segment:
+            _command(origin, segment, text, problems, state, blocks)
+            segment = []
+
+
+def _command(
+    origin: str,
+    words: list[str],
+    text: str,
+    problems: list[str],
+    state: dict[str, tuple[Param, ...]],
+    blocks: list[str],
+) -> None:
+    """One simple command: an assignment, `export`, or a word of an `if [ ... ]` block."""
+    if words[0] in ("then", "else") and blocks:
+        words = words[1:]  # `then X=1`: the command after the keyword
+        if not words:
+            return
+    if words[0] in ("if", "elif") and (words[0] == "if" or blocks):
+        test = words[2:3] if words[1:2] == ["!"] else words[1:2]
+        if not test or test[0] in _SETS_VARIABLES or _ASSIGN.fullmatch(test[0]):
+            shown = (test or ["nothing"])[0].replace("\0", "")
+            raise GrubConfigError(origin, f"this if tests with {shown!r}, which can set variables")
+        if words[0] == "if":
+            blocks.append(origin)
+        return
+    if words == ["fi"] and blocks:
+        blocks.pop()
+        return
+    exported = words[0] == "export"
     if exported:
         words = words[1:]
     assignments = []
@@ -289,10 +353,17 @@ def _apply(
         if match:
             assignments.append((match[1], match[2]))
         elif not (exported and _NAME.fullmatch(word)):  # `export NAME` changes no value
-            shown = text.split()[0].replace("\0", "")
+            shown = words[0].replace("\0", "")
             raise GrubConfigError(origin, f"this line is a command ({shown!r}), not an assignment")
     for variable, value in assignments:
         if variable in state:
+            if blocks:
+                raise GrubConfigError(
+                    origin,
+                    f"{variable} is set inside the if block of {blocks[-1]}, so the shell decides "
+                    "whether it applies",
+                    CONDITIONAL_FIX,
+                )
             state[variable] = _evaluate(origin, variable, value, problems, state)
 
 

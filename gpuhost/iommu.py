@@ -195,9 +195,13 @@ def plan_iommu(
     for param in others:
         name, _ = _split(param)
         same = [(p, o) for p, o in configured if _split(p)[0] == name]
-        if param in user or (name == "pci" and any(_realloc(p) is True for p, _ in same)):
+        realloc = name == "pci" and _realloc(param) is True  # gpuhost's own pci= option
+        if param in user or (realloc and any(_realloc(p) is True for p, _ in same)):
             continue  # the user's own copy already gives it
-        clash = next(((p, o) for p, o in same if name != "pci" or _realloc(p) is False), None)
+        # every pci= occurrence is parsed (drivers/pci/pci.c pci_setup, an early_param), its
+        # options independent: only a realloc=off clashes with gpuhost's realloc
+        clashing = [(p, o) for p, o in same if name != "pci" or (realloc and _realloc(p) is False)]
+        clash = next(iter(clashing), None)
         if clash:
             refusals.append(
                 f"{param} is planned but {clash[0]} is configured at {clash[1]}; gpuhost does not "

@@ -9,6 +9,8 @@ from gpuhost.grammar import (
     CUDA_MIN_DRIVER,
     DRIVER_RE,
     MACHINE_RE,
+    Q35_FIX,
+    machine_is_q35,
 )
 from gpuhost.redact import show
 from gpuhost.spec_driver import version_problems
@@ -16,7 +18,7 @@ from gpuhost.values import (
     MAX_GPU_INDEX,
     MAX_ITEMS,
     check_cuda_known,
-    check_dns_name,
+    check_guest_name,
     check_kernel_param,
     cmdline_key,
     normalize_bdf,
@@ -122,17 +124,17 @@ def _guest_problems(guests: list[Any], version: object, branch: int | None) -> l
                     )
                 )
             seen_ids.setdefault(guest_id, where)
-        name = _valid(guest.get("name"), check_dns_name)
+        name = _valid(guest.get("name"), check_guest_name)
         if name is not None:
-            if name in seen_names:
+            if name.lower() in seen_names:  # DNS names differ in more than case
                 problems.append(
                     (
                         ("guests", i),
-                        f"name {name!r} is used twice (also by {seen_names[name]})",
+                        f"name {name!r} is used twice (also by {seen_names[name.lower()]})",
                         NO_VALUE,
                     )
                 )
-            seen_names.setdefault(name, where)
+            seen_names.setdefault(name.lower(), where)
         gpus = guest.get("gpus", [])
         if gpus == "rest":
             rest.append(where)
@@ -156,21 +158,18 @@ def _guest_problems(guests: list[Any], version: object, branch: int | None) -> l
                     )
                 mine.add(key)
                 seen_gpus.setdefault(key, where)
-            machine = guest.get("machine")
-            if (
-                kind == "vm"
-                and gpus
-                and _valid(machine, MACHINE_RE.fullmatch)
-                and "q35" not in machine
-            ):
-                problems.append(
-                    (
-                        ("guests", i, "machine"),
-                        f"{show(machine)} is not q35; PCIe GPU passthrough (hostpci pcie=1) needs "
-                        "'q35' (or 'pc-q35-<version>')",
-                        machine,
-                    )
+        machine = guest.get("machine")
+        valid = _valid(machine, MACHINE_RE.fullmatch) is not None
+        if kind == "vm" and gpus and valid and not machine_is_q35(machine):
+            problems.append(  # gpus 'rest' too: a VM that takes GPUs at all
+                (
+                    ("guests", i, "machine"),
+                    f"{show(machine)} is not q35, and the VM gets GPUs: Proxmox refuses its "
+                    f"hostpciN pcie=1 entries on any other machine type; {Q35_FIX} "
+                    "(or 'pc-q35-<version>')",
+                    machine,
                 )
+            )
         if kind == "lxc":
             problems += _cuda_problems(i, guest, version, branch)
     if len(rest) > 1:

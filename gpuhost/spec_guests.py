@@ -24,6 +24,7 @@ from gpuhost.values import (
     DnsName,
     EnvName,
     EnvValue,
+    GuestName,
     Hostname,
     MachineType,
     PipRequirement,
@@ -128,8 +129,9 @@ class Venv(Model):
 
 
 class GuestBase(Model):
-    name: DnsName = Field(
-        description="Guest name (container hostname / VM name): a lowercase DNS name."
+    name: GuestName = Field(
+        description="Guest name (container hostname / VM name): a DNS name, upper case allowed "
+        "as Proxmox allows it."
     )
     gpus: GpuList = Field(
         default_factory=list,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from facts.pci import PciDevice
+from gpuhost.grammar import Q35_FIX, machine_is_q35
 from gpuhost.hostfacts import HostFacts
 from gpuhost.spec import HostSpec
 from gpuhost.spec_guests import LxcGuest, VmGuest
@@ -164,10 +165,10 @@ def check_vms(
                 f"vm {vm.vmid} ({vm.name}) gets GPUs but does not exist here, so its machine type "
                 "is unknown; create the VM or set machine: q35 in the spec"
             )
-        elif machine is None or "q35" not in machine:
+        elif not machine_is_q35(machine):
             shown = machine or "i440fx (the default, no 'machine' key)"
             problems.append(
                 f"vm {vm.vmid} ({vm.name}) gets GPUs but its machine type is {shown}; PCIe "
-                "passthrough needs q35: set machine: q35 in the spec"
+                f"passthrough (hostpciN pcie=1) needs q35: {Q35_FIX}"
             )
     return notes

@@ -18,6 +18,15 @@ PERSISTENCED_WANTS = (
     "/etc/systemd/system/multi-user.target.wants/gpuhost-nvidia-persistenced.service"
 )
 FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"  # shipped by NVIDIA's package
+# nvidia-installer's flags for a userspace-only install (deploys/userspace.py says why each)
+INSTALLER_FLAGS = (
+    "--silent --no-kernel-modules --no-kernel-module-source --no-nouveau-check --accept-license"
+)
+
+
+def installer_name(version: str) -> str:
+    """NVIDIA's installer of driver ``version``, as NVIDIA names it."""
+    return f"NVIDIA-Linux-x86_64-{version}.run"
 
 
 @dataclass(frozen=True)

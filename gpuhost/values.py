@@ -34,6 +34,7 @@ from gpuhost.grammar import (
     GIT_PATH_CHARS,
     GIT_REF_RE,
     GPU_MODEL_RE,
+    GUEST_NAME_RE,
     HOSTNAME_RE,
     HTTPS_URL_RE,
     KERNEL_RE,
@@ -43,6 +44,7 @@ from gpuhost.grammar import (
     MANAGED_CMDLINE_KEYS,
     MAX_TEXT,
     MODULE_RE,
+    PCI_OWNED_OPTION,
     PYTHON_RE,
     REL_PATH_RE,
     SCP_URL_RE,
@@ -195,6 +197,16 @@ def check_dns_name(value: str) -> str:
     )
 
 
+def check_guest_name(value: str) -> str:
+    _bounded(value, "name", 253)
+    if GUEST_NAME_RE.fullmatch(value):
+        return value
+    raise ValueError(
+        f"{show(value)} is not a valid guest name{_first_bad(value, 'A-Za-z0-9.-')}; use a DNS "
+        "name: letters, digits and '-' (not at either end), labels of up to 63 separated by '.'"
+    )
+
+
 def _hostname(value: str) -> str:
     _bounded(value, "host name", 253)
     if HOSTNAME_RE.fullmatch(value):
@@ -279,6 +291,11 @@ def check_kernel_param(value: str) -> str:
             "backslashes, ; & | < > ( ) or # (one parameter per item)"
         )
     key = cmdline_key(value)
+    if key == "pci" and PCI_OWNED_OPTION in pci_options(value):
+        raise ValueError(
+            f"{show(value)} sets pci's {PCI_OWNED_OPTION} option, which gpuhost manages; use "
+            "boot.pci_realloc instead, and keep pci's other options here (e.g. 'pci=noaer')"
+        )
     if key in MANAGED_CMDLINE_KEYS:
         raise ValueError(
             f"{show(value)} is managed by gpuhost; use {MANAGED_CMDLINE_KEYS[key]} instead "
@@ -286,6 +303,11 @@ def check_kernel_param(value: str) -> str:
             "own these parameters)"
         )
     return value
+
+
+def pci_options(param: str) -> set[str]:
+    """The option names of a `pci=` parameter ('pci=realloc=off,noaer' -> realloc, noaer)."""
+    return {t.partition("=")[0] for t in param.partition("=")[2].split(",") if t}
 
 
 def cmdline_key(param: str) -> str:
@@ -423,6 +445,7 @@ LocalVersion = Annotated[
     ),
 ]
 DnsName = Annotated[str, AfterValidator(check_dns_name)]
+GuestName = Annotated[str, AfterValidator(check_guest_name)]
 Hostname = Annotated[str, AfterValidator(_hostname)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 PatchPath = Annotated[str, AfterValidator(_patch_path)]

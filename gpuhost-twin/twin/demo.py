@@ -2,19 +2,22 @@
 
 gpuhost-twin registers this as a gpuhost subcommand (entry-point group `gpuhost.commands`);
 gpuhost itself never imports the simulator. It runs the deploy of the gpuhost checkout it finds
-(inventory/twin.py, deploys/gpu_host.py) with the pyinfra next to the running python.
+(inventory/twin.py, deploys/gpu_host.py) with the pyinfra next to the running python, on the
+twin it started or found only (GPUHOST_TWIN_TARGET), with the spec of that twin's profile.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 INVENTORY = "inventory/twin.py"
+TARGET_ENV = "GPUHOST_TWIN_TARGET"  # inventory/twin.py's: the one twin it holds
 DEFAULT_PROFILE = "kpro6"
 
 
@@ -38,12 +41,10 @@ def add_command(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start a local twin if none runs, then provision it with the main deploy."""
+    """Start a local twin if none runs, then provision that one twin with the main deploy."""
     from pyinfra.api.exceptions import PyinfraError
 
-    import gpuhost
-    from gpuhost.inventory import load_inventory
-    from twin import driver, node, processes
+    from twin import node, processes
     from twin.errors import TwinError
     from twin.rootfs import RootfsError
 
@@ -54,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not running:
             profile = args.profile or DEFAULT_PROFILE
+            if profile not in spec_profiles():  # refused before a twin is started for nothing
+                raise PyinfraError(
+                    f"--profile {profile}: {INVENTORY} has specs only for "
+                    f"{', '.join(spec_profiles())}; add one to SPECS there, or pick one of those"
+                )
             print(f"starting a {profile} twin...", file=sys.stderr)
             running = node.start_fleet(1, profile)
         else:
@@ -70,14 +76,33 @@ def run(args: argparse.Namespace) -> int:
             f"stop it first (python -m twin stop {twin.name})",
             file=sys.stderr,
         )
-    checkout = Path(gpuhost.__file__).resolve().parents[1]
-    spec, _ = load_inventory(INVENTORY)[twin.name]
-    if args.driver and driver.install(twin, spec.driver.version):
+    return provision(twin, dry=args.dry, with_driver=args.driver)
+
+
+def spec_profiles() -> list[str]:
+    """The hardware profiles inventory/twin.py has a spec for."""
+    return list(runpy.run_path(str(_checkout() / INVENTORY))["SPECS"])
+
+
+def provision(twin: Any, dry: bool, with_driver: bool = True) -> int:
+    """Run the main deploy on ``twin`` alone (a twin.node.Twin), with the spec of its profile."""
+    from gpuhost.inventory import load_inventory
+    from twin import driver
+
+    os.environ[TARGET_ENV] = twin.name  # inventory/twin.py then holds this twin only
+    spec, _ = load_inventory(_checkout() / INVENTORY)[twin.name]
+    if with_driver and driver.install(twin, spec.driver.version):
         print(
             f"{twin.name}: simulated NVIDIA driver {spec.driver.version} installed", file=sys.stderr
         )
     pyinfra = Path(sys.executable).parent / "pyinfra"
     # --dry without -y: pyinfra then runs change detection and lists what would change
-    command = [str(pyinfra), "--dry" if args.dry else "-y", INVENTORY, "deploys/gpu_host.py"]
-    print(" ".join(command), file=sys.stderr)
-    return subprocess.run(command, cwd=checkout).returncode
+    command = [str(pyinfra), "--dry" if dry else "-y", INVENTORY, "deploys/gpu_host.py"]
+    print(f"{TARGET_ENV}={twin.name} {' '.join(command)}", file=sys.stderr)
+    return subprocess.run(command, cwd=_checkout()).returncode
+
+
+def _checkout() -> Path:
+    import gpuhost
+
+    return Path(gpuhost.__file__).resolve().parents[1]

@@ -10,6 +10,7 @@ from gpuhost.audit.observe import GuestView, HostView
 from gpuhost.guestdevices import node_major, node_minor
 from gpuhost.plan import ManagedFile, Plan
 from gpuhost.spec import HostSpec
+from gpuhost.userspaceplan import INSTALLER_FLAGS, installer_name
 
 REDEPLOY = "re-run the deploy (pyinfra INVENTORY deploys/gpu_host.py)"
 
@@ -39,6 +40,23 @@ class AuditContext:
 
 
 expected_minor = node_minor  # the audit's name for it
+
+
+def container_userspace_fix(ctx: AuditContext, ctid: int, name: str) -> str:
+    """What gives container ``ctid`` the host driver's userspace. The deploy installs it into
+    running GPU containers only with driver.source.installer (deploys/containers.py); without
+    one, re-running the deploy changes nothing there, so the advice is the install itself."""
+    version = ctx.driver_version or ctx.spec.driver.version
+    if ctx.plan.driver_userspace is not None:
+        return f"{REDEPLOY} while {name} runs: it installs the {version} userspace into it"
+    run = installer_name(version)
+    return (
+        f"the deploy leaves {name}'s userspace alone (no driver.source.installer); on the host, "
+        f"with NVIDIA's {run} in the current directory: `pct push {ctid} {run} /root/{run} && "
+        f"pct exec {ctid} -- sh /root/{run} {INSTALLER_FLAGS} && "
+        f"pct exec {ctid} -- rm /root/{run}`; or set driver.source.installer in the inventory "
+        f"and {REDEPLOY}"
+    )
 
 
 def file_findings(ctx: AuditContext, managed: list[ManagedFile], fix: str) -> list[Finding]:

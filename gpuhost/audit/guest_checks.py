@@ -7,16 +7,21 @@ from typing import Any
 
 from facts.proxmox import MAPPINGS_FILE, GuestConfig, parse_pci_mappings
 from gpuhost.audit import p2p_checks
-from gpuhost.audit.context import REDEPLOY, AuditContext, expected_minor
+from gpuhost.audit.context import (
+    REDEPLOY,
+    AuditContext,
+    container_userspace_fix,
+    expected_minor,
+)
 from gpuhost.audit.model import Finding, NotApplicable, check
 from gpuhost.audit.observe import GuestView
+from gpuhost.grammar import Q35_FIX, machine_is_q35
 from gpuhost.spec_guests import LxcGuest, VmGuest
 
 _ALLOW = re.compile(r"lxc\.cgroup2?\.devices\.allow")
 _RULE = re.compile(
     r"(?P<type>[abc])(?:\s+(?P<major>\d+|\*):(?P<minor>\d+|\*))?(?:\s+(?P<access>[rwm]+))?"
 )
-_MACHINE_Q35 = re.compile(r"(?:type=)?(?:q35|pc-q35-[0-9.]+(?:\+pve\d+)?)(?:,.*)?")
 
 
 def _bdfs(ctx: AuditContext, guest: LxcGuest | VmGuest) -> list[str]:
@@ -231,8 +236,7 @@ def ct_userspace(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
                 f"libcuda in {guest.name}",
                 f"{version} (the host's /proc/driver/nvidia/version)",
                 ", ".join(found) or "not installed",
-                f"install the userspace of driver {version} without kernel modules in "
-                f"{guest.name} (NVIDIA-Linux-x86_64-{version}.run --no-kernel-modules)",
+                container_userspace_fix(ctx, guest.ctid, guest.name),
             )
         ]
     return []
@@ -264,7 +268,6 @@ def cuda_findings(where: str, view: Any, bdfs: list[str], fix_hint: str) -> list
 
 
 _CUDA_FIX = {
-    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": "the userspace is not the host driver's version (ct.userspace)",
     "CUDA_ERROR_UNKNOWN": "/dev/nvidia-uvm is not usable: a stale uvm major (ct.device_rules) or "
     "uvm_disable_hmm not Y (modules.parameters)",
     "CUDA_ERROR_NO_DEVICE": "no GPU node is usable: check the device rules and nodes (ct.nodes)",
@@ -277,7 +280,13 @@ def ct_cuda(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
     view = _view(ctx, guest)
     bdfs = _bdfs(ctx, guest)
     init = view.cuda.init if view.cuda else None
-    hint = _CUDA_FIX.get(init or "", f"{REDEPLOY}, then restart {guest.name}")
+    if init is None or init == "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH":
+        # libcuda missing, not loading or of another version: its install is the fix, which the
+        # deploy does only with driver.source.installer (not a re-run without one)
+        hint = f"{guest.name}'s NVIDIA userspace (ct.userspace): "
+        hint += container_userspace_fix(ctx, guest.ctid, guest.name)
+    else:
+        hint = _CUDA_FIX.get(init, f"{REDEPLOY}, then restart {guest.name}")
     return cuda_findings(guest.name, view, bdfs, hint)
 
 
@@ -382,13 +391,13 @@ def vm_machine(ctx: AuditContext, guest: VmGuest) -> list[Finding]:
         raise NotApplicable(f"{guest.name} has no GPUs")
     config = _config(ctx, "qemu", guest.vmid)
     machine = config.current.options.get("machine", "")
-    if not _MACHINE_Q35.fullmatch(machine):
+    if not machine_is_q35(machine):
         return [
             Finding(
                 f"/etc/pve/qemu-server/{guest.vmid}.conf machine",
                 "q35 (PCIe passthrough needs it)",
                 machine or "unset (i440fx)",
-                f"qm set {guest.vmid} --machine q35 while it is stopped, or set machine: q35 in the inventory",
+                f"qm set {guest.vmid} --machine q35 while it is stopped, or {Q35_FIX}",
             )
         ]
     return []

@@ -26,6 +26,7 @@ from tests.e2e.conftest import ROOT, deploy, inventory, with_driver
 from twin import driver as twin_driver
 from twin import node, userspace
 from twin.hwtesting import ModuleCache
+from twin.nvinstaller import build_installer
 from twin.pytest_plugin import PVE_DIRS, TwinHandle
 
 VERSION = "595.71.05"
@@ -105,8 +106,8 @@ def kpro6(twin_fleet, modules, tmp_path_factory) -> Iterator[tuple[TwinHandle, P
         twin_fleet.stop(twin)
 
 
-def audit(twin: TwinHandle, inv: Path) -> dict[str, list[str]]:
-    """check id (with /guest) -> the 'found' of each finding, for every failed check."""
+def audit(twin: TwinHandle, inv: Path, field: str = "found") -> dict[str, list[str]]:
+    """check id (with /guest) -> each finding's ``field`` (found, fix...), for every failed check."""
     name, (spec, data) = next(iter(load_inventory(inv).items()))
     target = Target(name, spec, data, f"ssh://root@{twin.address}:22", str(inv))
     host = read_host(name, spec, _runner(_testinfra_host(target)), None, SIZES)
@@ -116,7 +117,7 @@ def audit(twin: TwinHandle, inv: Path) -> dict[str, list[str]]:
             key = outcome.check.id + (
                 "/" + outcome.target.split("/", 1)[1] if "/" in outcome.target else ""
             )
-            failed[key] = [f.found for f in outcome.findings]
+            failed[key] = [getattr(f, field) for f in outcome.findings]
     return failed
 
 
@@ -372,3 +373,23 @@ def test_next_boot_kernel_without_modules(kpro6):
 
     failed = _planted(kpro6, plant, undo)
     assert failed == {"driver.next_boot": ["no module", "no module"]}
+
+
+def test_a_container_without_the_userspace_is_fixed_by_the_advice(kpro6):
+    """kpro6's spec has no driver.source.installer: the deploy leaves ct200's userspace alone, so
+    re-running it is no fix. The advice names the install; doing exactly that passes the audit."""
+    twin, inv = kpro6
+    libs = f"/{userspace.LIBDIR}/libcuda.so* /{userspace.LIBDIR}/libnvidia-ml.so*"
+    _sh(f"pct exec 200 -- sh -c 'rm -f {libs} && ldconfig'")(twin)
+    try:
+        failed = audit(twin, inv, "fix")
+        assert set(failed) == {"ct.userspace/ct200", "ct.cuda/ct200"}, failed
+        (fix,) = failed["ct.cuda/ct200"]
+        assert failed["ct.userspace/ct200"] == [fix.partition(": ")[2]]
+        assert not fix.partition(": ")[2].startswith("re-run the deploy"), fix
+        command = fix.split("`")[1]  # the install the advice names, run as it says on the host
+        build_installer(VERSION, twin.root / "root")
+        _sh(f"cd /root && {command}")(twin)
+        assert audit(twin, inv) == {}
+    finally:
+        twin_driver.install_userspace(node.Twin.load(twin.name), 200, VERSION)

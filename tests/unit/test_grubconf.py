@@ -121,8 +121,10 @@ def test_other_variables_may_use_the_shell() -> None:
         ('GRUB_CMDLINE_LINUX="$EXTRA quiet"', r"expansion \$EXTRA"),
         ('GRUB_CMDLINE_LINUX="${EXTRA:-quiet}"', "expansion"),
         ('GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX}x"', "glues"),
-        ('if true; then GRUB_CMDLINE_LINUX="a"; fi', "operator ';'"),
-        ("if [ -e /x ]\nthen", "command"),
+        ('if true; then GRUB_CMDLINE_LINUX="a"; fi', "inside the if block"),
+        ("if [ -e /x ]\nthen", "no fi"),
+        ("if . /etc/x; then GRUB_TIMEOUT=1; fi", "can set variables"),
+        ('[ -e /x ] && GRUB_CMDLINE_LINUX="a"', "operator '&'"),
         (". /etc/default/extra", "command"),
         ('GRUB_CMDLINE_LINUX="quiet', "unterminated"),
         ('GRUB_CMDLINE_LINUX="dyndbg=\\"file x\\""', "quotes"),
@@ -178,6 +180,8 @@ def test_reader_agrees_with_sh(tmp_path) -> None:
             "GRUB_CMDLINE_LINUX=$GRUB_CMDLINE_LINUX' pci=realloc'\"\"",
             'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT \\',
             '  amd_iommu=force_isolation"',
+            "if [ -d /nonexistent ]; then GRUB_TERMINAL=serial; else GRUB_TIMEOUT=3; fi",
+            'GRUB_TIMEOUT=5; GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX nosmt"',
         ]
     )
     files = grub(text, **{"zfs.cfg": (GRUB / "proxmox-zfs.cfg").read_text()})
@@ -194,3 +198,41 @@ def test_reader_agrees_with_sh(tmp_path) -> None:
     assert (
         cmdline.values(LINUX) == linux.split() and cmdline.values(LINUX_DEFAULT) == default.split()
     )
+
+
+IF_BLOCK = """\
+GRUB_DEFAULT=0
+if [ -d /sys/firmware/efi ]; then
+    GRUB_TERMINAL=console
+elif ! test -e /etc/serial; then GRUB_TIMEOUT=3
+else
+    GRUB_TERMINAL=serial; GRUB_SERIAL_COMMAND="serial --unit=0"
+fi
+GRUB_CMDLINE_LINUX_DEFAULT="quiet"
+"""
+
+
+def test_an_if_block_that_sets_other_variables_is_read() -> None:
+    cmdline = parse_grub_defaults(grub(IF_BLOCK))
+    assert [(p.value, p.origin) for p in cmdline.normal] == [("quiet", f"{DEFAULTS}:8")]
+
+
+def test_a_conditional_command_line_is_refused_with_the_way_out_and_the_way_works() -> None:
+    conditional = IF_BLOCK.replace("GRUB_TERMINAL=console", 'GRUB_CMDLINE_LINUX="nomodeset"')
+    with pytest.raises(GrubConfigError) as info:
+        parse_grub_defaults(grub(conditional))
+    message = str(info.value)
+    assert message.startswith(f"{DEFAULTS}:3: GRUB_CMDLINE_LINUX is set inside the if block of ")
+    assert "set it outside the block, unconditionally" in message
+    # as it says: the assignment out of the block (the block keeps its other settings)
+    fixed = conditional.replace('    GRUB_CMDLINE_LINUX="nomodeset"\n', "")
+    fixed = 'GRUB_CMDLINE_LINUX="nomodeset"\n' + fixed
+    assert parse_grub_defaults(grub(fixed)).values(LINUX) == ["nomodeset"]
+
+
+def test_a_command_is_refused_with_what_to_write_instead() -> None:
+    with pytest.raises(GrubConfigError) as info:
+        parse_grub_defaults(grub(". /etc/default/extra\n"))
+    message = str(info.value)
+    assert "write what it sets as plain assignments instead" in message
+    assert f"{DROPIN_DIR}/<name>.cfg" in message and DROPIN in message

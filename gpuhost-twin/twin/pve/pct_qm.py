@@ -4,6 +4,7 @@ formats.md §2-§3; stdlib only)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from . import api_handlers, routes
@@ -120,7 +121,9 @@ def guest_tool(kind: str, root: Path, argv: list[str], out: Output) -> int:
             answer = push_lxc(
                 root,
                 int(_vmid_of(params["vmid"])),
-                params["file"],
+                # pve-container src/PVE/CLI/pct.pm push: sysopen($file) in pct's own working
+                # directory, so a relative source is the caller's (here, the twin's: its chroot)
+                os.path.join(os.getcwd(), params["file"]),
                 params["destination"],
                 params.get("perms"),
             )
