@@ -132,11 +132,9 @@ def _not_this_runs(plan: Plan) -> tuple[str, ...]:
     modules left unmanaged (no driver.source) a driver the spec names but the host lacks is a
     later deploy's, and was so before this trial too (the audit still shows it)."""
     trial = plan.trial_boot
-    unmanaged = plan.driver_modules is None
-    if trial is not None and trial.same_kernel and unmanaged:
-        if any(r.concern == "driver" for r in plan.reboot_later):
-            return DRIVER_CHECKS
-    return ()
+    same = trial is not None and trial.same_kernel and plan.driver_modules is None
+    later = any(r.concern == "driver" for r in plan.reboot_later)
+    return DRIVER_CHECKS if same and later else ()
 
 
 def _drop_panic_parameters(host, plan: Plan) -> None:
