@@ -124,6 +124,33 @@ def _settle_cmdline(host, plan: Plan) -> None:
             raise OperationError(f"writing {item.path} for the commit failed: {text}")
 
 
+DRIVER_CHECKS = ("driver.version", "driver.compiler", "driver.firmware")
+
+
+def _not_this_runs(plan: Plan) -> tuple[str, ...]:
+    """Gate checks a trial of the running kernel does not set out to change: with the driver's
+    modules left unmanaged (no driver.source) a driver the spec names but the host lacks is a
+    later deploy's, and was so before this trial too (the audit still shows it)."""
+    trial = plan.trial_boot
+    same = trial is not None and trial.same_kernel and plan.driver_modules is None
+    later = any(r.concern == "driver" for r in plan.reboot_later)
+    return DRIVER_CHECKS if same and later else ()
+
+
+def _drop_panic_parameters(host, plan: Plan) -> None:
+    """Back on the old kernel after a failed trial, before its guests start: the live panic
+    settings as planned, and on GRUB (whose managed line carried the trial's parameters to
+    every entry) the loader files without them, applied at once."""
+    trial = plan.trial_boot
+    assert trial is not None
+    if trial.entry_options is None and plan.trial_commit_files:
+        _settle_cmdline(host, plan)
+        loader = _loader(plan)
+        _must(host, "the loader without the trial's parameters", (loader.command,))
+        _must(host, "clearing the pending loader refresh", (f"rm -f {shlex.quote(loader.marker)}",))
+    _must(host, "setting the panic settings back", settle_commands(plan.panic_sysctls))
+
+
 def _wait_for_boot(host, before: str, delay: int, timeout: int) -> str:
     """The kernel release of the boot after ``before`` (a boot id), once the host is back."""
     time.sleep(delay)
@@ -173,6 +200,7 @@ def _gate_and_commit(
     # With a trial entry the loader files are written by the commit, so the gate does not
     # compare them: /proc/cmdline (boot.cmdline) shows the entry booted the planned line.
     skip = ("boot.loader",) if trial.entry_options is not None else ()
+    skip += _not_this_runs(plan)
     gate = run_gate(host.name, spec, runner, host.data.get(SOURCE_KEY), skip=skip)
     problems += list(gate.failed)
     if not problems:
@@ -207,6 +235,7 @@ def _gate_and_commit(
             + "\n".join(problems)
         )
     _must(host, "tidying up after the failed trial", trial.abandon)
+    _drop_panic_parameters(host, plan)
     _bring_back(host, guests)
     raise OperationError(
         f"{trial.what} booted but failed the trial checks; the host is back on "
@@ -259,6 +288,7 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
         came_back = trial.same_kernel and TRIAL_MARK not in cmdline.split()
         if release != trial.kernel or came_back:
             _must(host, "tidying up after the failed trial", trial.abandon)
+            _drop_panic_parameters(host, plan)
             _bring_back(host, guests)
             _, journal = _run(host, JOURNAL)
             raise OperationError(failed_message(host.name, record, release, journal.strip()))

@@ -81,7 +81,7 @@ def render_plan(plan: Plan) -> str:
     else:
         out.append("no reboot needed")
     if plan.trial_boot is not None:
-        out.append(f"kernel trial boot ({plan.trial_step.value}): {plan.trial_boot.summary}")
+        out.append(f"trial boot ({plan.trial_step.value}): {plan.trial_boot.summary}")
     binding = [r for r in plan.reboot_later if r.concern == "binding"]
     later = [r for r in plan.reboot_later if r.concern != "binding"]
     if binding:

@@ -151,10 +151,13 @@ class TrialBoot:
 
     @property
     def summary(self) -> str:
+        what = (
+            f"the new command line/initramfs on {self.kernel}" if self.same_kernel else self.kernel
+        )
         if not self.can_apply:
-            return f"trial boot of {self.kernel} refused ({self.method}): {self.refusal}"
+            return f"trial boot of {what} refused ({self.method}): {self.refusal}"
         return (
-            f"trial boot of {self.kernel} via {self.method} one-shot {self.entry!r}, "
+            f"trial boot of {what} via {self.method} one-shot {self.entry!r}, "
             f"{self.running} pinned until the checks pass"
         )
 

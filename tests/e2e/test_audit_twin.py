@@ -361,15 +361,21 @@ def test_next_boot_kernel_without_modules(kpro6):
 
     new = "6.17.2-1-pve"
 
+    running = kpro6[0].run("uname -r")[1].strip()
+
     def plant(t: TwinHandle) -> None:
+        # an apt upgrade's newer kernel, and no pin: the trial boot left the running kernel
+        # pinned, which is what keeps a kernel like this from booting
         add_kernel(
             t.root, Kernel(version=new, gcc="gcc (Debian 12.2.0-14+deb12u1) 12.2.0"), headers=False
         )
+        assert t.run("proxmox-boot-tool kernel unpin && proxmox-boot-tool refresh")[0] == 0
 
     def undo(t: TwinHandle) -> None:
         t.run(
             f"rm -rf /boot/vmlinuz-{new} /boot/initrd.img-{new} /boot/config-{new} /lib/modules/{new}"
         )
+        t.run(f"proxmox-boot-tool kernel pin {running} && proxmox-boot-tool refresh")
 
     failed = _planted(kpro6, plant, undo)
     assert failed == {"driver.next_boot": ["no module", "no module"]}

@@ -1,10 +1,13 @@
 """A run killed anywhere converges on the next: kill the deploy at three points, run it again,
 and the host ends exactly where an uninterrupted run leaves it.
 
-The kill points: after /etc/kernel/cmdline is written but before `proxmox-boot-tool refresh`
-has run; after the modprobe drop-ins are written but before `update-initramfs`; and while the
-run waits for the host to come back from its reboot. The twin's tool is made to hang at that
-point (a wrapper that signals, then sleeps), and the pyinfra process is killed with SIGKILL.
+kpro6's command-line and module changes are a trial of the running kernel through its own
+entry (deploys/trial_boot.py). The kill points: at the first loader refresh (the running kernel
+being pinned); while the trial's own initramfs is built (`mkinitramfs`), before the reboot;
+while the run waits for the host to come back from the trial boot; and in the commit, at its
+`update-initramfs` of the target kernel, after the gate passed. The twin's tool is made to hang
+at that point (a wrapper that signals, then sleeps), and the pyinfra process is killed with
+SIGKILL.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ HUNG = "run/gpuhost-test-hung"  # the wrapper touches it when the run reaches th
 # kill point -> (tool to hang, the argument it must be called with, or None for any call)
 POINTS = {
     "before-loader-refresh": ("usr/sbin/proxmox-boot-tool", "refresh"),
-    "before-initramfs": ("usr/sbin/update-initramfs", None),
+    "before-initramfs": ("usr/sbin/mkinitramfs", None),
     "during-reboot-wait": (None, None),
+    "during-commit": ("usr/sbin/update-initramfs", None),
 }
+AFTER_REBOOT = ("during-commit",)
 
 
 def hang(root: Path, tool: str, arg: str | None) -> None:
@@ -128,7 +133,10 @@ def test_killed_run_converges_on_the_next(
         hang(twin.root, tool, arg)
         output = kill_when(proc, (twin.root / HUNG).exists)
         unhang(twin.root, tool)
-        assert twin.boot_id() == boot_id, output  # killed before any reboot
+        if point in AFTER_REBOOT:  # the trial booted and passed its gate: killed mid-commit
+            assert twin.boot_id() != boot_id, output
+        else:
+            assert twin.boot_id() == boot_id, output  # killed before any reboot
     else:
         output = kill_when(proc, lambda: twin.boot_id() != boot_id)  # the reboot happened
         assert processes.wait_port(twin.address, 22, timeout=30), output  # the host is back

@@ -122,8 +122,9 @@ def test_plain_grub_on_lvm_is_refused_with_the_ways_out(fresh, tmp_path):
     assert twin.run("uname -r")[1].strip() == OLD
 
 
-def test_a_panicking_trial_kernel_comes_back_and_the_run_fails(fresh, tmp_path):
-    twin, inv = trial_twin(fresh, tmp_path, "systemd-boot", firmware="580.95.05")
+@pytest.mark.parametrize("path", ["systemd-boot", "grub-esp"])
+def test_a_panicking_trial_kernel_comes_back_and_the_run_fails(fresh, tmp_path, path):
+    twin, inv = trial_twin(fresh, tmp_path, path, firmware="580.95.05")
     first = deploy(inv)
     assert first.rc != 0
     assert f"the host is back on {OLD}" in first.output
@@ -131,6 +132,11 @@ def test_a_panicking_trial_kernel_comes_back_and_the_run_fails(fresh, tmp_path):
     assert "Traceback" not in first.output
     assert [a["result"].split(";")[0] for a in boot_attempts(twin)] == ["panicked", "booted"]
     assert twin.run("uname -r")[1].strip() == OLD and pinned(twin) == OLD
+    # the old kernel runs its guests without the trial's panic settings, and no entry keeps them
+    assert (twin.root / "proc/sys/kernel/panic_on_oops").read_text().strip() == "0"
+    for loader_file in ("etc/kernel/cmdline", "etc/default/grub.d/zz-gpuhost.cfg"):
+        if (twin.root / loader_file).exists():
+            assert "oops=panic" not in (twin.root / loader_file).read_text(), loader_file
     # not retried: the record stops the next run before anything changes
     before = manifest(twin.root)
     again = deploy(inv)
@@ -169,3 +175,40 @@ def test_dry_run_changes_nothing(fresh, tmp_path):
     assert "trial boot of" in dry.output
     assert manifest(twin.root) == before
     assert twin.run("uname -r")[1].strip() == OLD
+
+
+def test_a_new_command_line_that_fails_its_trial_leaves_the_fallback_as_it_was(fresh, tmp_path):
+    """A command-line change on the running kernel is a trial through gpuhost-trial.conf: the
+    fallback's entry, /etc/kernel/cmdline and initramfs stay as they were until the gate
+    passes. Here the trial boot panics (its oops=panic meets an nvidia oops: GSP firmware of
+    another release), the loader's default boots the old configuration, and the run says so."""
+    twin, inv = trial_twin(fresh, tmp_path, "systemd-boot")
+    assert deploy(inv).rc == 0
+    spec = {
+        "kernel": {"version": NEW, "keep": [OLD]},
+        "toolchain": {"gcc": "12.2.0"},
+        "boot": {"extra": ["pcie_aspm=off"]},
+        "driver": {
+            "version": VERSION,
+            "source": {"tree": str(TREE), "store": str(tmp_path / "store")},
+        },
+    }
+    inv = inventory(tmp_path / "inv.py", twin, spec)
+    plant_firmware(twin.root, "580.95.05")  # the oops that only the trial turns into a panic
+    kept = {
+        f: (twin.root / f).read_bytes() for f in ("etc/kernel/cmdline", f"boot/initrd.img-{NEW}")
+    }
+    esp = (twin.root / "etc/kernel/proxmox-boot-uuids").read_text().split()[0]
+    entry = f"var/lib/gpuhost-twin/esp/{esp}/loader/entries"
+    kept[f"{entry}/proxmox-{NEW}.conf"] = (twin.root / entry / f"proxmox-{NEW}.conf").read_bytes()
+    run = deploy(inv)
+    assert run.rc != 0 and "did not come up" in run.output, run.output[-4000:]
+    attempts = [a["result"].split(";")[0] for a in boot_attempts(twin)]
+    assert attempts == ["panicked", "booted"]
+    cmdline = (twin.root / "proc/cmdline").read_text().split()
+    assert "pcie_aspm=off" not in cmdline and "oops=panic" not in cmdline  # the old entry
+    assert all((twin.root / f).read_bytes() == data for f, data in kept.items())
+    assert not (twin.root / entry / "gpuhost-trial.conf").exists()  # abandoned
+    assert (twin.root / "proc/sys/kernel/panic_on_oops").read_text().strip() == "0"
+    again = deploy(inv)  # not retried in a loop: the record stops it before any change
+    assert again.rc != 0 and "new command line or initramfs" in again.output

@@ -46,7 +46,7 @@ def test_systemd_boot_trial_is_planned_and_shown() -> None:
     assert (plan.trial_step, plan.target_kernel) == (Step.START, NEW)
     line = next(x for x in render_plan(plan).splitlines() if "trial boot" in x)
     assert line == (
-        "kernel trial boot (start the trial boot): trial boot of "
+        "trial boot (start the trial boot): trial boot of "
         f"{NEW} via systemd-boot one-shot '{TRIAL_ENTRY}', 6.8.12-9-pve pinned until the "
         "checks pass"
     )
