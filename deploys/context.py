@@ -52,3 +52,8 @@ def plan(host: Host) -> Plan:
         logger.info(f"{host.print_prefix}\n{render_plan(made)}")
         _plans[key] = made
     return _plans[key]
+
+
+def made_plan(host: Host) -> Plan | None:
+    """The Plan this run already made for ``host``, if any (deploys that make none: None)."""
+    return _plans.get(_key(host))
