@@ -68,3 +68,8 @@ def refuse_unmet(plan: Plan, host: Host) -> None:
             f"{host.name}: nothing was changed: {len(failed)} precondition(s) of this run "
             "failed:\n" + "\n".join(f"  - {p.line()}" for p in failed)
         )
+
+
+def made_plan(host: Host) -> Plan | None:
+    """The Plan this run already made for ``host``, if any (deploys that make none: None)."""
+    return _plans.get(_key(host))

@@ -55,6 +55,9 @@ def provision() -> None:
             reboot.reboot_if_needed(plan)
         else:  # the trial's reboot applies everything above too, and its gate checks it
             trial_boot.trial(plan)
+        # The IOMMU groups are the new kernel's now: the guests started above already had their
+        # mappings refreshed (deploys/guests.py); this is for the VMs that were not running.
+        vms.refresh_mappings(name="PCI mappings: the IOMMU groups after the reboot", plan=plan)
         containers.configure(plan)  # after any reboot: raw rules need that boot's majors
         if moving is not None:
             split.restore(moving)

@@ -9,6 +9,10 @@ pauses. Per-guest `pct shutdown`/`qm shutdown` then `stop` would re-implement th
 the parallelism and the fallback. Both calls only warn about a guest that fails (the task ends
 `WARNINGS: n`), so each operation then checks every guest's status itself.
 
+Right before a start, this node's PCI mapping entries get the IOMMU groups of the running
+kernel (deploys.vms.refresh_commands): a reboot can change the groups, and Proxmox refuses to
+start a VM whose mapping names another group than the device has now.
+
 Which guests were running is recorded in /var/lib/gpuhost/guests-before-reboot before any is
 stopped and removed only when all are running again: a run killed in between brings them back
 on its next run.
@@ -21,7 +25,8 @@ import shlex
 from pyinfra import host, logger
 from pyinfra.api import operation
 
-from deploys.context import observed
+from deploys.context import made_plan, observed
+from deploys.vms import refresh_commands
 from gpuhost.guestpower import (
     Guest,
     GuestPower,
@@ -100,6 +105,9 @@ def start_guests(power: GuestPower, wait: int = 120):
             host.noop("no guest to bring back")
         return
     logger.info(f"{host.print_prefix}starting {', '.join(g.word for g in power.start)}")
+    plan = made_plan(host)
+    if plan is not None:  # the VMs' PCI mappings as Proxmox checks them at this start
+        yield from refresh_commands(plan)
     yield f"pvesh create /nodes/localhost/startall --force 1 --vms {_vms(power.start)}"
     # startall does not fail for a guest that did not start: wait for each one here.
     for g in power.start:

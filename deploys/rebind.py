@@ -15,10 +15,13 @@ function gets driver_override=vfio-pci, is unbound from its driver, and vfio-pci
 the command waits until sysfs shows vfio-pci on every function.
 
 vfio-pci -> nvidia: refused while a process (QEMU: the VM is running) holds the group's
-/dev/vfio/N. The overrides are cleared, the functions unbound and probed by their own drivers
+/dev/vfio/N. Each function is reset first where the kernel offers a reset method (the VM may
+have been stopped hard), and must read back its config space (else refused, left on vfio-pci).
+The overrides are cleared, the functions unbound and probed by their own drivers
 (nvidia, snd_hda_intel), then nvidia-modprobe makes the GPU's /dev/nvidiaN node (the driver
 makes none), as deploys/devices.py's boot unit does. Where the host's other GPUs are in
-persistence mode, the returned one is put back into it (`nvidia-smi -i <bdf> -pm 1`).
+persistence mode, the returned one is put back into it (`nvidia-smi -i <bdf> -pm 1`),
+restarting nvidia-persistenced's unit when the daemon does not know the GPU.
 
 The boot-time claim (deploys/vfio.py) follows the Plan, so a move the inventory does not
 also make is undone by the next boot.
@@ -54,6 +57,14 @@ def refusal(state: BoardState, functions: tuple[str, ...], driver: str) -> str |
                 "(unbinding nvidia from a GPU in use waits until it is released)"
             )
     else:
+        dead = [f for f in functions if state.config_vendor.get(f) in ("ffff", "-")]
+        if dead:
+            return (
+                f"{', '.join(dead)}: config space reads back "
+                f"{state.config_vendor[dead[0]]} (vendor id 0xffff: the function does not "
+                "answer): not binding nvidia; the board stays on vfio-pci; power-cycle the host "
+                "to recover it"
+            )
         minors = {f"195:{s.minor}" for s in state.functions.values() if s.minor is not None}
         users = [h for h in state.holders if h.device not in minors]
         if users:
@@ -82,6 +93,8 @@ def rebind_script(state: BoardState, functions: tuple[str, ...], driver: str, wa
                 f'[ "$held" = 0 ] || {{ echo "GPU {functions[0]} was opened again '
                 f'(/dev/nvidia{minor}): not unbinding" >&2; exit 1; }}'
             )
+    if driver == "nvidia":
+        lines += _reset_and_check(functions)
     override = "vfio-pci" if driver == "vfio-pci" else ""
     lines += [
         "for f in $FUNCTIONS; do",
@@ -139,10 +152,62 @@ def rebind_script(state: BoardState, functions: tuple[str, ...], driver: str, wa
             f'{functions[0]}" >&2; exit 1; }}',
         ]
         if any(state.persistence.values()):
-            # The host keeps its GPUs in persistence mode (nvidia-persistenced, which opens
-            # GPUs at its start and on request only): ask it to take this one again as well.
-            lines.append(f"nvidia-smi -i {q[0]} -pm 1 >/dev/null || exit 1")
+            # The host keeps its GPUs in persistence mode: ask nvidia-persistenced to take this
+            # one again as well, restarting it where it does not know the GPU.
+            lines += _persistence_back(functions[0])
     return "\n".join(lines)
+
+
+def _reset_and_check(functions: tuple[str, ...]) -> list[str]:
+    """Before nvidia probes a board that a VM had (maybe stopped hard, its GPU mid-work): a
+    function reset where the kernel offers one (`reset_method` lists the methods; empty or
+    absent: none, Documentation/ABI/testing/sysfs-bus-pci), done while vfio-pci still holds
+    it; then its config space must read back (vendor id 0xffff: the function no longer
+    answers), else the move is refused with the board left on vfio-pci. `config` is read live;
+    sysfs `vendor` is the value cached at enumeration."""
+    return [
+        "for f in $FUNCTIONS; do",
+        "  d=/sys/bus/pci/devices/$f",
+        '  m=$(cat "$d/reset_method" 2>/dev/null) || m=',
+        '  if [ -n "$m" ]; then',
+        '    echo 1 > "$d/reset" || { echo "$f: the function reset ($m) failed: not binding '
+        'nvidia; power-cycle the host to recover the board" >&2; exit 1; }',
+        "  fi",
+        '  v=$(od -An -tx2 -N2 "$d/config" 2>/dev/null | tr -d " ")',
+        '  if [ -z "$v" ] || [ "$v" = ffff ]; then',
+        '    echo "$f: its config space reads back ${v:-nothing} (vendor id 0xffff: the function '
+        "does not answer): not binding nvidia; the board stays on vfio-pci; power-cycle the "
+        'host to recover it" >&2; exit 1',
+        "  fi",
+        "done",
+    ]
+
+
+# nvidia-persistenced builds its device table once, when it starts (nvidia-persistenced.c:
+# setup_devices(), called from main), from the GPUs the nvidia driver has then. A GPU that was on
+# vfio-pci at that time is not in it: the per-device request behind `nvidia-smi -pm 1` answers
+# NVPD_ERR_DEVICE_NOT_FOUND (nvPdSetDevicePersistenceMode). A restart builds the table again.
+PERSISTENCED_UNITS = ("gpuhost-nvidia-persistenced.service", "nvidia-persistenced.service")
+
+
+def _persistence_back(gpu: str) -> list[str]:
+    q = shlex.quote(gpu)
+    return [
+        f"if ! nvidia-smi -i {q} -pm 1 >/dev/null 2>&1; then",
+        "  unit=",
+        f"  for u in {' '.join(PERSISTENCED_UNITS)}; do",
+        '    if systemctl is-active --quiet "$u"; then unit=$u; break; fi',
+        "  done",
+        '  if [ -z "$unit" ]; then',
+        f'    echo "nvidia-persistenced does not know GPU {gpu} (it started while the GPU was '
+        f"not on nvidia) and runs under none of {', '.join(PERSISTENCED_UNITS)}: restart it, "
+        f'then nvidia-smi -i {gpu} -pm 1" >&2; exit 1',
+        "  fi",
+        '  echo "nvidia-persistenced does not know GPU ' + gpu + ': restarting $unit"',
+        '  systemctl restart "$unit" || exit 1',
+        f"  nvidia-smi -i {q} -pm 1 >/dev/null || exit 1",
+        "fi",
+    ]
 
 
 @operation(is_idempotent=False)

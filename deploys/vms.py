@@ -24,7 +24,8 @@ from gpuhost import pveapi
 from gpuhost.guestbackup import backup_command
 from gpuhost.inventory import SPEC_KEY
 from gpuhost.plan import Plan
-from gpuhost.vmplan import MAPPING_PREFIX, PciMapping, VmGpus
+from gpuhost.trialstate import Step
+from gpuhost.vmplan import MAPPING_PREFIX, PciMapping, VmGpus, refresh_command
 
 CA_FILE = "/etc/pve/pve-root-ca.pem"
 
@@ -92,6 +93,39 @@ def pci_mappings(plan: Plan):
             yield step(_drop_mapping(mid, [m for m in live[mid].maps if f"node={node}" not in m]))
     if not changed:
         host.noop("the PCI mappings are as planned")
+
+
+def refresh_commands(plan: Plan) -> list[str]:
+    """Commands that bring this node's entry of each planned mapping to the IOMMU group of the
+    kernel running when they run (gpuhost.vmplan.refresh_command): made before a reboot, run
+    after it, before the guests start (deploys.guests.start_guests runs them first)."""
+    node = node_name()
+    if not plan.vm_split.mappings or node is None:
+        return []
+    managed = observed(host).managed
+    live = parse_pci_mappings((managed.files.get(MAPPINGS_FILE) or "") if managed else "")
+    commands = []
+    for mid, mapping in sorted(plan.vm_split.mappings.items()):
+        have = live.get(mid)
+        others = [m for m in (have.maps if have else ()) if f"node={node}" not in m.split(",")]
+        commands.append(refresh_command(mapping, node, others))
+    return commands
+
+
+@operation(is_idempotent=True)
+def refresh_mappings(plan: Plan):
+    """
+    After this run's reboot: this node's PCI mapping entries get the IOMMU groups of the kernel
+    now running (the groups can change at a reboot; Proxmox checks them at every VM start).
+
+    + plan: the host's Plan; nothing to do when the run does not reboot
+    """
+    rebooting = bool(plan.reboot_now) or plan.trial_step in (Step.START, Step.GATE)
+    commands = refresh_commands(plan) if rebooting else []
+    if not commands:
+        host.noop("no reboot in this run: the PCI mappings' IOMMU groups are the running kernel's")
+        return
+    yield from commands
 
 
 def _put_mapping(mapping: PciMapping, maps: list[str], create: bool):

@@ -1,5 +1,5 @@
-"""What a live rebind of one board must know: each function's driver, override, IOMMU group
-and nvidia minor; who holds the GPU's /dev/nvidiaN or the group's /dev/vfio/N; persistence.
+"""What a live rebind of one board must know: each function's driver, override, IOMMU group,
+nvidia minor and vendor id as its config space reads back now; who holds the GPU's /dev/nvidiaN or the group's /dev/vfio/N; persistence.
 
 Holders are found the way lsof and fuser do, from /proc/<pid>/fd, but matched by device
 number rather than by path: a container's own node (Proxmox makes one per devN entry) has
@@ -45,6 +45,8 @@ class BoardState:
     holders: list[Holder] = field(default_factory=list)
     persistence: dict[str, bool] = field(default_factory=dict)  # GPU BDF -> persistence mode on
     compute_apps: list[tuple[str, int, str]] = field(default_factory=list)  # (bdf, pid, name)
+    # vendor id read live from each function's config space ("ffff": it does not answer)
+    config_vendor: dict[str, str] = field(default_factory=dict)
 
 
 def _bus_bdf(text: str) -> str:
@@ -87,6 +89,8 @@ def parse_board_state(lines: list[str]) -> BoardState:
             elif kind == "P":
                 bus, mode = (w.strip() for w in rest.split(","))
                 state.persistence[_bus_bdf(bus)] = mode == "Enabled"
+            elif kind == "C" and len(words) == 2 and re.fullmatch(r"[0-9a-f]{4}|-", words[1]):
+                state.config_vendor[normalize_bdf(words[0])] = words[1]
             elif kind == "A":
                 bus, pid, name = (w.strip() for w in rest.split(",", 2))
                 state.compute_apps.append((_bus_bdf(bus), int(pid), name))
@@ -107,6 +111,8 @@ for b in {bdfs}; do
   grp=$(readlink "$d/iommu_group" 2>/dev/null); grp=${{grp##*/}}
   min=$(sed -n 's/^Device Minor:[[:space:]]*//p' "/proc/driver/nvidia/gpus/$b/information" 2>/dev/null)
   echo "F $b ${{drv:--}} $ovr ${{grp:--}} ${{min:--}}"
+  ven=$(od -An -tx2 -N2 "$d/config" 2>/dev/null | tr -d ' ')
+  echo "C $b ${{ven:--}}"
   [ -z "$min" ] || want="$want c3:$(printf %x "$min")"
   [ -z "$grp" ] || [ ! -c "/dev/vfio/$grp" ] || want="$want $(stat -c %t:%T "/dev/vfio/$grp")"
 done

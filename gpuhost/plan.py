@@ -37,6 +37,7 @@ from gpuhost.split import (
     HOST,
     Owner,
     assign,
+    check_fabric,
     check_iommu_groups,
     check_vms,
     owner_of_guest,
@@ -231,6 +232,7 @@ def make_plan(
     if wanted > len(gpus):
         problems.append(f"the guests ask for {wanted} GPUs but this host has {len(gpus)}")
     owners = assign(spec, gpus, problems)
+    check_fabric(facts, owners, gpus, problems)
     notes += check_iommu_groups(spec, facts, owners, gpus, problems)
     notes += check_vms(spec, facts, owners, problems)
     if not spec.driver.open:

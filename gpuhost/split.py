@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from facts.pci import PciDevice
+from facts.pci import PciDevice, nvswitches
 from gpuhost.grammar import Q35_FIX, machine_is_q35
 from gpuhost.hostfacts import HostFacts
 from gpuhost.spec import HostSpec
@@ -172,3 +172,30 @@ def check_vms(
                 f"passthrough (hostpciN pcie=1) needs q35: {Q35_FIX}"
             )
     return notes
+
+
+# NVIDIA Fabric Manager user guide (docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide),
+# "Supported Deployment Models" and chapters "Bare Metal Mode", "Full Passthrough Virtualization
+# Model", "Shared NVSwitch Virtualization Model": the NVSwitch fabric is either the host's with
+# every GPU on it (bare metal), or every GPU goes to VMs (full passthrough: each VM's GPUs with
+# their switches; shared NVSwitch: the switches stay with the hypervisor's fabric manager, which
+# only activates partitions of GPUs for VMs). No model runs some baseboard GPUs on the host's
+# driver while the others sit in VMs: the host's fabric manager, in bare-metal mode, wants every
+# GPU of the fabric.
+def check_fabric(
+    facts: HostFacts, owners: dict[str, Owner], gpus: list[PciDevice], problems: list[str]
+) -> None:
+    """On an NVSwitch board the GPUs all stay on the host or all go to VMs."""
+    switches = nvswitches(facts.pci)
+    if not switches:
+        return
+    to_vms = [g.bdf for g in gpus if owners.get(g.bdf, HOST).kind == "vm"]
+    on_host = [g.bdf for g in gpus if owners.get(g.bdf, HOST).kind != "vm"]
+    if to_vms and on_host:
+        problems.append(
+            f"this host's GPUs share an NVSwitch fabric ({len(switches)} NVSwitches: "
+            f"{', '.join(switches)}), and the split gives {', '.join(to_vms)} to VMs while "
+            f"{', '.join(on_host)} stay on the host (host or containers): no Fabric Manager "
+            "deployment model (bare metal, full passthrough, shared NVSwitch) supports that; "
+            "give every GPU to the host and its containers, or every GPU to VMs"
+        )

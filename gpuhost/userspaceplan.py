@@ -71,7 +71,10 @@ def plan_driver_userspace(
 def persistenced_unit(wanted: DriverUserspace | None) -> str | None:
     """The daemon's unit, after NVIDIA's sample (nvidia-persistenced's
     init/systemd/nvidia-persistenced.service.template: forking, --user, its runtime directory
-    removed after it stops); the .run installs the binary but no unit. None: not managed."""
+    removed after it stops), plus the daemon's own pid file (NVPD_PID_FILE,
+    nvidia-persistenced.c) as PIDFile=, so a restart stops exactly that daemon (deploys/rebind.py
+    restarts it when it does not know a GPU); the .run installs the binary but no unit. None:
+    not managed."""
     if wanted is None:
         return None
     return (
@@ -83,6 +86,7 @@ def persistenced_unit(wanted: DriverUserspace | None) -> str | None:
         "\n"
         "[Service]\n"
         "Type=forking\n"
+        "PIDFile=/run/nvidia-persistenced/nvidia-persistenced.pid\n"
         "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced\n"
         "ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced\n"
         "\n"

@@ -41,9 +41,26 @@ PERSISTENCED = """#!/usr/bin/python3
 # answers with the minors it holds in held.json. The machine running the twin has no nvidia
 # driver, so a real open() of the node fails (ENXIO): it holds O_PATH descriptors, which
 # /proc/<pid>/fd shows the same way (the node's device number), for whoever scans it.
+# Like the real one it builds its device table once, at start (nvidia-persistenced.c:
+# setup_devices() takes the driver's GPUs from nvidia-cfg's get_pci_devices, called once from
+# main): a GPU that the nvidia driver did not have then (it was on vfio-pci) is not in the table,
+# and a request for it answers NVPD_ERR_DEVICE_NOT_FOUND (nvPdSetDevicePersistenceMode ->
+# get_device). The table (its BDFs) is kept in devices.json for the nvidia-smi shim.
 import glob, json, os, signal, sys
 RUN = "/var/run/nvidia-persistenced"
 os.makedirs(RUN, exist_ok=True)
+def minors():
+    found = {}
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        for line in open(info):
+            if line.startswith("Device Minor:"):
+                found[info.split("/")[-2]] = int(line.split(":", 1)[1])
+    return found
+table = sorted(minors())
+if os.path.exists(RUN + "/released.json"):  # a new daemon holds every GPU of its table
+    os.remove(RUN + "/released.json")
+with open(RUN + "/devices.json", "w") as f:
+    json.dump(table, f)
 if os.fork():
     sys.exit(0)
 os.setsid()
@@ -56,8 +73,11 @@ def sync(*_):
         released = set(json.load(open(RUN + "/released.json")))
     except (OSError, ValueError):
         released = set()
-    for node in sorted(glob.glob("/dev/nvidia[0-9]*")):
-        minor = int(node[len("/dev/nvidia"):])
+    now = minors()
+    for minor in sorted(now[bdf] for bdf in table if bdf in now):
+        node = f"/dev/nvidia{minor}"
+        if not os.path.exists(node):
+            continue
         if minor in released and minor in held:
             os.close(held.pop(minor))
         elif minor not in released and minor not in held:

@@ -107,6 +107,9 @@ class PciDevice(_Model):
     driver: str | None = None  # in-kernel driver bound at boot (non-GPU devices: nvme, pcieport...)
     modules: list[str] = []  # lspci -k "Kernel modules:" candidates besides nvidia*
     irq: int = 0
+    # Function reset methods the kernel found (sysfs reset_method: flr, pm, bus, ...); empty:
+    # the function cannot be reset on its own, and sysfs has no reset/reset_method for it.
+    reset_methods: list[str] = []
     # Shown when the root has no pci.ids (Debian 12's 2023 pci.ids knows no H200/RTX PRO 6000).
     name: str | None = None
 

@@ -14,6 +14,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -151,3 +152,63 @@ def test_an_unbind_waits_while_a_process_holds_the_gpu(deployed) -> None:
     twin.run(f"echo {gpu} > /sys/bus/pci/drivers_probe")
     time.sleep(0.5)
     assert drivers(twin, (gpu,)) == {gpu: "nvidia"}
+
+
+PIDFILE = "/run/nvidia-persistenced/nvidia-persistenced.pid"
+
+
+def daemon_table(twin: TwinHandle) -> list[str]:
+    _, out, _ = twin.run("cat /run/nvidia-persistenced/devices.json")
+    return json.loads(out)
+
+
+def test_a_daemon_that_started_without_the_gpu_is_restarted_for_it(deployed) -> None:
+    """nvidia-persistenced builds its table at start: a GPU then on vfio-pci is unknown to it,
+    and `nvidia-smi -pm 1` fails for it until the daemon restarts (twin/nvinstaller.py). The
+    move back resets each function first, while vfio-pci still has it (board a1 lists FLR)."""
+    from gpuhost.userspaceplan import PERSISTENCED_UNIT, persistenced_unit
+    from twin import hwsim
+
+    twin, inv = deployed
+    unit = persistenced_unit(SimpleNamespace(version=KPRO6["driver"]["version"]))  # type: ignore[arg-type]
+    rc, _, err = twin.run(
+        f"cat > /usr/bin/nvidia-persistenced <<'EOF'\n{PERSISTENCED}EOF\n"
+        f"chmod 755 /usr/bin/nvidia-persistenced && cat > {PERSISTENCED_UNIT} <<'EOF'\n{unit}EOF\n"
+    )
+    assert rc == 0, err
+    rc, out = move(inv, BOARD[0], "vfio-pci")
+    assert rc == 0, out[-3000:]
+    rc, _, err = twin.run(f"systemctl start {PERSISTENCED_UNIT.rsplit('/', 1)[1]}")
+    assert rc == 0, err
+    assert BOARD[0] not in daemon_table(twin) and len(daemon_table(twin)) == 5
+    daemon = twin.run(f"cat {PIDFILE}")[1].strip()
+
+    rc, out = move(inv, BOARD[0], "nvidia")
+    assert rc == 0, out[-3000:]
+    assert drivers(twin, BOARD) == {BOARD[0]: "nvidia", BOARD[1]: "snd_hda_intel"}
+    _, pid, _ = twin.run(f"cat {PIDFILE}")
+    assert pid.strip() != daemon  # restarted through its unit
+    assert BOARD[0] in daemon_table(twin)  # the restarted daemon knows it
+    _, held, _ = twin.run("cat /run/nvidia-persistenced/held.json")
+    assert sorted(json.loads(held)) == [0, 1, 2, 3, 4, 5]
+    resets = hwsim.Hw(twin.root).state.get("resets", [])
+    assert [BOARD[0], "vfio-pci"] in resets and [BOARD[1], "vfio-pci"] in resets
+    twin.run(f"systemctl stop {PERSISTENCED_UNIT.rsplit('/', 1)[1]}")
+
+
+def test_a_function_that_does_not_answer_keeps_the_board_on_vfio_pci(deployed) -> None:
+    """Config space reads back all ones (the twin's fault: the function fell off the bus): the
+    move back is refused and the board stays where it was. Last: the board is gone for good."""
+    from twin import hwsim
+
+    twin, inv = deployed
+    rc, out = move(inv, BOARD[0], "vfio-pci")
+    assert rc == 0, out[-3000:]
+    with hwsim.locked(twin.root):
+        hw = hwsim.Hw(twin.root)
+        hw.fall_off_bus(BOARD[1])
+        hw.save()
+    rc, out = move(inv, BOARD[0], "nvidia")
+    assert rc != 0
+    assert f"{BOARD[1]}: config space reads back ffff" in out, out[-3000:]
+    assert drivers(twin, BOARD) == dict.fromkeys(BOARD, "vfio-pci")

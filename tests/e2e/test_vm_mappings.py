@@ -109,3 +109,37 @@ def test_a_gpu_given_twice_is_refused_with_nothing_changed(fresh, tmp_path: Path
         "0000:41:00 that the spec gives to lxc 200 (ct200)" in run.output
     )
     assert manifest(twin.root) == before
+
+
+def test_a_mapping_written_before_the_iommu_came_on_is_refreshed_before_the_vm_starts(
+    fresh, modules, tmp_path: Path
+) -> None:
+    """The lumped board (Intel): no IOMMU, so no groups, until the deploy's reboot turns it on.
+    The mapping is written before that reboot, without a group; Proxmox's start check
+    (pve-guest-common Mapping/PCI.pm assert_valid, twin/pve/mapping.py) then wants the group the
+    device has now. The running VM stopped for the reboot must start again after it."""
+    twin = fresh("lumped")
+    kernel = with_driver(twin, modules, VERSION)
+    put(
+        twin, "/etc/pve/qemu-server/141.conf", "cores: 2\nmachine: q35\nmemory: 4096\nname: vm141\n"
+    )
+    rc, _, err = twin.run("qm start 141")
+    assert rc == 0, err
+    gpu = "0000:4b:00.0"  # on its own root port: group 31 once the IOMMU is on
+    lumped = {
+        "kernel": {"version": kernel},
+        "driver": {"version": VERSION, "open": True},
+        "guests": [
+            {"kind": "vm", "vmid": 141, "name": "vm141", "machine": "q35", "gpus": [gpu]},
+            {"kind": "lxc", "ctid": 300, "name": "ct300", "gpus": "rest"},
+        ],
+    }
+    inv = inventory(tmp_path / "lumped.py", twin, lumped)
+    done = deploy(inv, env=token_env(twin))
+    assert done.rc == 0 and done.reboots == 1, done.output[-5000:]
+    twin.reconnect()
+    assert "iommugroup=31" in (twin.root / "etc/pve/mapping/pci.cfg").read_text()
+    rc, out, _ = twin.run("qm status 141")
+    assert out.strip() == "status: running", out
+    again = deploy(inv, env=token_env(twin))
+    assert again.rc == 0 and not again.changed, again.output[-3000:]

@@ -81,5 +81,32 @@ def test_the_board_returns_into_persistence_mode_where_the_others_are() -> None:
     state = parse_board_state(lines)
     assert state.persistence == {"0000:01:00.0": True}
     script = rebind_script(state, BOARD, "nvidia", 5)
-    assert script.endswith("\nnvidia-smi -i 0000:c1:00.0 -pm 1 >/dev/null || exit 1")
+    assert "if ! nvidia-smi -i 0000:c1:00.0 -pm 1 >/dev/null 2>&1; then" in script
     assert script.index("nvidia-modprobe -c") < script.index("-pm 1")
+    # a daemon that does not know the GPU is restarted through its unit, then asked again
+    assert 'systemctl restart "$unit"' in script
+    assert script.rstrip().endswith("nvidia-smi -i 0000:c1:00.0 -pm 1 >/dev/null || exit 1\nfi")
+
+
+def test_the_move_back_resets_first_and_refuses_a_function_that_does_not_answer() -> None:
+    lines = [
+        "F 0000:c1:00.0 vfio-pci vfio-pci 30 -",
+        "C 0000:c1:00.0 10de",
+        "F 0000:c1:00.1 vfio-pci vfio-pci 30 -",
+        "C 0000:c1:00.1 10de",
+    ]
+    state = parse_board_state(lines)
+    assert state.config_vendor == {"0000:c1:00.0": "10de", "0000:c1:00.1": "10de"}
+    assert refusal(state, BOARD, "nvidia") is None
+    script = rebind_script(state, BOARD, "nvidia", 5)
+    # the reset and the read-back come before the override is cleared and vfio-pci lets go
+    assert script.index('echo 1 > "$d/reset"') < script.index('od -An -tx2 -N2 "$d/config"')
+    assert script.index('od -An -tx2 -N2 "$d/config"') < script.index('> "$d/driver_override"')
+    lost = parse_board_state([*lines[:3], "C 0000:c1:00.1 ffff"])
+    assert refusal(lost, BOARD, "nvidia") == (
+        "0000:c1:00.1: config space reads back ffff (vendor id 0xffff: the function does not "
+        "answer): not binding nvidia; the board stays on vfio-pci; power-cycle the host to "
+        "recover it"
+    )
+    with pytest.raises(UnparsedOutput):
+        parse_board_state(["C 0000:c1:00.0 zz"])

@@ -90,6 +90,17 @@ def smi_persistence(hw: hwsim.Hw, select: str | None, on: bool) -> str:
             text += f"Persistence mode is already {state} for GPU {bus_id(g['bdf'])}.\n"
             continue
         if pid:
+            # The daemon's table is the one it built at its start (twin/nvinstaller.py): a GPU
+            # it does not have answers NVPD_ERR_DEVICE_NOT_FOUND, and nvidia-smi fails with NVML's
+            # "Not Found" (exit 6, "a query to find an object was unsuccessful", nvidia-smi(1)).
+            table = run / "devices.json"
+            known = json.loads(table.read_text()) if table.exists() else {}
+            if g["bdf"] not in known:
+                raise SmiError(
+                    text + f"Unable to set persistence mode for GPU {bus_id(g['bdf'])}: Not Found\n"
+                    "Terminating early due to previous errors.\n",
+                    6,
+                )
             path = run / "released.json"
             released = set(json.loads(path.read_text())) if path.exists() else set()
             released = (released - {g["minor"]}) if on else (released | {g["minor"]})

@@ -1,5 +1,12 @@
 """PCI devices in sysfs: the tree and IOMMU groups at boot, which driver binds which device
-(driver_override first, like the kernel), and the bind/unbind/drivers_probe control files."""
+(driver_override first, like the kernel), and the bind/unbind/drivers_probe control files.
+
+Each function's `config` is its configuration space as the kernel reads it live (the first 16
+bytes of the header; all ones, vendor id 0xffff, once the function no longer answers: see
+PciBinding.fall_off_bus). Where the profile lists reset methods, `reset_method` shows them and
+`reset` takes a function reset; elsewhere neither file exists (Documentation/ABI/testing/
+sysfs-bus-pci: "For devices that have this support, a file named reset_method will be
+present"; the kernel hides `reset` too when no method is supported)."""
 
 from __future__ import annotations
 
@@ -23,6 +30,14 @@ class PciBinding(Machine):
     def apply_writes(self) -> bool:
         """Apply pending writes to the sysfs control files (see _apply_sysfs_writes)."""
         return _apply_sysfs_writes(self)  # type: ignore[arg-type]  # self is an Hw
+
+    def fall_off_bus(self, bdf: str) -> None:
+        """A fault: the function stops answering, so config reads return all ones (as after a
+        hung device or a surprise link down); a function reset cannot bring it back."""
+        lost = self.state.setdefault("config_lost", [])
+        if bdf not in lost:
+            lost.append(bdf)
+        write_config(self, bdf)  # type: ignore[arg-type]  # self is an Hw
 
     def gpu_holders(self, bdf: str) -> list[int]:
         """Processes of the machine that hold this GPU's /dev/nvidiaN open (any node of major
@@ -83,6 +98,10 @@ class PciBinding(Machine):
     def _nvidia_probe(self, bdf: str, dev: dict) -> bool:
         gpu = next((g for g in self.gpus() if g["bdf"] == bdf), None)
         if gpu is None:
+            return False
+        if bdf in self.state.get("config_lost", []):  # the twin's fault: nothing answers
+            self.klog(f"NVRM: GPU {bdf}: RmInitAdapter failed! (0x22:0x56:667)")
+            self.klog(f"NVRM: GPU {bdf}: rm_init_adapter failed, device minor number -1")
             return False
         if gpu["architecture"] == "Blackwell" and not self.state["nvidia"].get("open"):
             self.klog(
@@ -164,8 +183,12 @@ def layout_pci(hw: Hw) -> None:
             ("driver_override", "(null)"),
         ):
             (devdir / name).write_text(value + "\n")  # a fresh tree: no need for atomic writes
-        for ctl in ("remove", "rescan", "reset"):
+        for ctl in ("remove", "rescan"):
             (devdir / ctl).write_text("")
+        if dev.get("reset_methods"):
+            (devdir / "reset_method").write_text(" ".join(dev["reset_methods"]) + "\n")
+            sysfs_ctl.make(devdir / "reset", live)
+        write_config(hw, bdf, devdir)
         os.symlink(os.path.relpath(devdir, bus_devices), bus_devices / bdf)
         group = groups.get(bdf)
         if group is not None:
@@ -178,13 +201,47 @@ def layout_pci(hw: Hw) -> None:
         bindings[bdf] = BRIDGE_DRIVER if dev.get("driver") == BRIDGE_DRIVER else None
 
 
+def write_config(hw: Hw, bdf: str, devdir: Path | None = None) -> None:
+    """The function's config space header (type 0, little endian), or all ones when lost."""
+    dev = hw.devices()[bdf]
+    if devdir is None:
+        devdir = hw.p(hw.state["sysfs_paths"][bdf])
+    if bdf in hw.state.get("config_lost", []):
+        data = b"\xff" * 16
+    else:
+        cls = bytes.fromhex(dev["class"])[::-1]  # prog-if, subclass, base class
+        data = (
+            bytes.fromhex(dev["vendor"])[::-1]
+            + bytes.fromhex(dev["device"])[::-1]
+            + b"\x00\x00\x10\x00"  # command, status (capability list)
+            + bytes.fromhex(dev["revision"])
+            + cls
+            + b"\x00\x00\x00\x00"  # cache line, latency timer, header type 0, BIST
+        )
+    (devdir / "config").write_bytes(data)
+
+
+def _apply_resets(hw: Hw) -> bool:
+    """`echo 1 > devices/BDF/reset` (reset_store -> pci_reset_function): recorded in order with
+    the driver bound at the time, for tests to see that a reset came before a probe."""
+    changed = False
+    for bdf in sorted(hw.devices()):
+        path = hw.p(f"sys/bus/pci/devices/{bdf}/reset")
+        if not path.exists() or not sysfs_ctl.drain(path):
+            continue
+        driver = hw.state.setdefault("bindings", {}).get(bdf)
+        hw.state.setdefault("resets", []).append([bdf, driver])
+        changed = True
+    return changed
+
+
 def _apply_sysfs_writes(hw: Hw) -> bool:
     """Apply what was written to the sysfs control files (bind/unbind/drivers_probe), in order.
 
     Nothing reacts to a write by itself: the boot, the shims and the supervisor's tick call
     this; each request is applied once (sysfs_ctl). True if anything changed.
     """
-    changed = False
+    changed = _apply_resets(hw)  # written before any unbind in the same batch: first
     drivers = hw.p("sys/bus/pci/drivers")
     bindings = hw.state.setdefault("bindings", {})
     # unbinds nvidia's remove still waits on (a process held the GPU), retried first

@@ -56,6 +56,10 @@ def controls(root: Path) -> list[Path]:
     drivers = bus / "drivers"
     for d in sorted(drivers.iterdir()) if drivers.is_dir() else []:
         found += [d / "unbind", d / "bind"]
+    devices = bus / "devices"
+    for d in sorted(devices.iterdir()) if devices.is_dir() else []:
+        if (d / "reset").exists():  # only functions with a reset method have one
+            found.append(d / "reset")
     return found
 
 
