@@ -53,6 +53,7 @@ from facts.proxmox import (
     PveGuestConfigs,
 )
 from facts.snapshot import MISSING_TOOL, Combined
+from facts.zfs import InstalledKernelFeatures, KernelFeatureFiles, ZfsUsage, ZfsUse
 from gpuhost.hostkeys import unknown_host_key
 from gpuhost.inventory import SPEC_KEY, load_inventory
 
@@ -83,15 +84,22 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "GuestStatuses": (GuestStatuses, {}),
     "KernelCompilers": (KernelCompilers, {}),
     "PveContainerVersion": (PveContainerVersion, {}),
+    "ZfsUsage": (ZfsUsage, {}),
+    "KernelFeatureFiles": (KernelFeatureFiles, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
 # fact's default (no SEV flags, no IOMMU units or group types, a boot path not known, no kernel
-# configs or compilers), as if the host had shown none; the managed files, loaded modules and
+# configs or compilers, no ZFS in use, no kernel features), as if the host had shown none; the managed files, loaded modules and
 # boot id load as None ("not captured"), and so do the guest statuses.
 NOT_CAPTURED = frozenset(
     {"LoadedModules", "ConfigFiles", "BootId", "GuestStatuses", "PveContainerVersion"}
 )
-ADDED_LATER = frozenset({"SevSnp", "IommuDomains", "BootPath", "KernelCompilers"}) | NOT_CAPTURED
+ADDED_LATER = (
+    frozenset(
+        {"SevSnp", "IommuDomains", "BootPath", "KernelCompilers", "ZfsUsage", "KernelFeatureFiles"}
+    )
+    | NOT_CAPTURED
+)
 
 
 @dataclass
@@ -120,6 +128,8 @@ class HostFacts:
     guest_statuses: dict[tuple[str, int], str] | None = None  # None: not captured
     compilers: CompilerInventory = field(default_factory=CompilerInventory)
     pve_container: PackageVersion | None = None  # None: not captured
+    zfs: ZfsUse = field(default_factory=ZfsUse)
+    kernel_features: InstalledKernelFeatures = field(default_factory=InstalledKernelFeatures)
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -195,6 +205,8 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         guest_statuses=value["GuestStatuses"],
         compilers=value["KernelCompilers"],
         pve_container=value["PveContainerVersion"],
+        zfs=value["ZfsUsage"],
+        kernel_features=value["KernelFeatureFiles"],
     )
 
 
