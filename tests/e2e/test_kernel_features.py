@@ -5,7 +5,13 @@ a stored `make bindeb-pkg`-style package without zfs.ko, and one installed by ha
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from gpuhost.artifacts import ArtifactKey, ArtifactStore
+from gpuhost.audit.gate import run_gate
+from gpuhost.inventory import load_inventory
 from tests.e2e.conftest import deploy, inventory, manifest
 from tests.e2e.reprovision import GCC, OLD, fresh_kpro6
 from tests.e2e.test_trial_deploy import unpack_kernel
@@ -80,3 +86,47 @@ def test_a_kernel_installed_by_hand_without_zfs_ko_is_not_trial_booted(fresh, tm
     unpack_kernel(twin, PLAIN)
     dry = deploy(inventory(tmp_path / "inv.py", twin, spec), "--dry")
     assert dry.rc == 0 and "trial boot of" in dry.output, dry.output[-4000:]
+
+
+def storage_profile(tmp_path, **boot) -> str:
+    """kpro6 on a btrfs root (a Proxmox UEFI install with systemd-boot) whose guests live on a
+    ZFS data pool `tank`, a zfspool storage `vmdata`, and a degraded pool `scratch`."""
+    data = yaml.safe_load(Path(fresh_kpro6(tmp_path)).read_text())
+    data["boot"].update(root_fs="btrfs", kernel_cmdline="root=/dev/sda3 ro quiet", **boot)
+    data["zfs_pools"] = [
+        {"name": "tank", "state": "ONLINE"},
+        {"name": "scratch", "state": "DEGRADED"},
+    ]
+    path = tmp_path / "kpro6-tank.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def gate(twin, tmp_path):
+    inv = inventory(
+        tmp_path / "inv.py", twin, {"kernel": {"version": OLD}, "driver": {"version": "595.71.05"}}
+    )
+    name, (spec, _) = next(iter(load_inventory(inv).items()))
+    result = run_gate(name, spec, twin.run)
+    return {line.split(":")[0]: line for line in result.failed}, result
+
+
+def test_the_gate_fails_on_unhealthy_pools_and_inactive_storages(fresh, tmp_path):
+    twin = fresh(storage_profile(tmp_path))
+    cfg = twin.root / "etc/pve/storage.cfg"
+    cfg.write_text(cfg.read_text() + "\nzfspool: vmdata\n\tpool tank/vm\n\tcontent images\n")
+    failed, result = gate(twin, tmp_path)
+    assert "storage.pve" in result.passed, failed
+    assert "zpool scratch" in failed["storage.zfs"] and "DEGRADED" in failed["storage.zfs"]
+    assert "tank" not in failed["storage.zfs"]
+    # A kernel without zfs.ko (one installed behind gpuhost's back) boots the btrfs root, but
+    # imports no pool: the storage the guests live on is gone.
+    hardware.add_kernel(twin.root, Kernel(version=PLAIN, gcc=GCC, zfs=False))
+    assert twin.run(f"update-initramfs -c -k {PLAIN}")[0] == 0
+    assert twin.run(f"proxmox-boot-tool kernel pin {PLAIN} && proxmox-boot-tool refresh")[0] == 0
+    twin.reboot()
+    assert twin.run("uname -r")[1].strip() == PLAIN
+    failed, result = gate(twin, tmp_path)
+    assert "The ZFS modules are not loaded." in failed["storage.zfs"]
+    assert "storage vmdata (zfspool)" in failed["storage.pve"]
+    assert "cannot open 'tank': no such pool" in failed["storage.pve"]
