@@ -3,6 +3,10 @@ the host's own sources), or the .debs `gpuhost build` left in the artifact store
 reprovisioned host compiles nothing). The store is a directory on the control machine, or the
 one on the build host that artifacts.build_host names (gpuhost/remotestore.py).
 
+A kernel that lacks what the host needs from Proxmox's packaging (zfs.ko where ZFS is used, the
+ACS patch for boot.acs_override) is refused before anything changes: a stored package is read
+here on the control machine, an installed kernel from the host's facts.
+
 Installing never makes the new kernel boot: deploys/trial_boot.py pinned the running kernel
 first, and only the trial boot starts the new one, once. Whether the kernel is installed comes
 from the host (its /boot/config-<release>, read with the other facts in one command), so a
@@ -21,7 +25,9 @@ from pyinfra.facts.apt import noninteractive_apt
 from deploys.context import observed
 from gpuhost.artifacts import ArtifactError
 from gpuhost.buildhost import BuildHostError
+from gpuhost.debinfo import DebError
 from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
+from gpuhost.kernelfeatures import KernelFeatures, feature_problems, package_features
 from gpuhost.kernelstore import KernelInstall, KernelStoreError, installed_problem, plan_install
 from gpuhost.plan import STATE_DIR, Plan
 from gpuhost.remotestore import store_for
@@ -37,16 +43,22 @@ def is_installed(plan: Plan) -> bool:
 
 def install_plan(plan: Plan) -> KernelInstall | None:
     """How this run installs the spec's kernel; None when it is installed. Refuses (before
-    anything changes) an installed kernel built by another GCC, or a store without the build."""
+    anything changes) an installed kernel built by another GCC, a store without the build, and
+    a kernel without what this host needs from Proxmox's packaging (zfs.ko on a host that uses
+    ZFS, the ACS patch for boot.acs_override: gpuhost/kernelfeatures.py)."""
     spec: HostSpec = host.data.get(SPEC_KEY)
     release, gcc = plan.target_kernel, spec.toolchain.gcc
     where = f"{host.name}: kernel {release}"
     if release == plan.running_kernel:
         return None  # running (its config may only be in /proc/config.gz)
+    facts = observed(host)
     if is_installed(plan):
-        problem = installed_problem(release, observed(host).compilers.kernel_compiler(release), gcc)
+        problem = installed_problem(release, facts.compilers.kernel_compiler(release), gcc)
         if problem:
             raise DeployError(f"{host.name}: {problem}")
+        features = facts.kernel_features.kernels.get(release)
+        if features is not None:
+            _refuse_missing(release, features, "its files on the host")
         return None
     try:
         # The control machine's store, or the build host's (fetched into the mirror, verified)
@@ -55,9 +67,23 @@ def install_plan(plan: Plan) -> KernelInstall | None:
             if spec.kernel.source == "build"
             else None
         )
-        return plan_install(release, spec.kernel.source, gcc, store)
-    except (KernelStoreError, ArtifactError, BuildHostError) as exc:
+        install = plan_install(release, spec.kernel.source, gcc, store)
+        if install.source == "build":  # apt's proxmox-kernel packages are Proxmox's own build
+            image = install.debs[0]  # the image package comes first (kernelstore._debs)
+            _refuse_missing(release, package_features(image, release), Path(image).name)
+        return install
+    except (KernelStoreError, ArtifactError, BuildHostError, DebError) as exc:
         raise DeployError(f"{where}: {exc}") from None
+
+
+def _refuse_missing(release: str, features: KernelFeatures, where: str) -> None:
+    spec: HostSpec = host.data.get(SPEC_KEY)
+    facts = observed(host)
+    problems = feature_problems(
+        release, features, facts.zfs.reason(facts.cmdline), spec.boot.acs_override, where
+    )
+    if problems:
+        raise DeployError(f"{host.name}: " + "\n".join(problems))
 
 
 @operation()

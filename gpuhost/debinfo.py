@@ -42,14 +42,7 @@ def control_fields(path: Path) -> dict[str, str]:
     name = next((n for n in members if n.startswith("control.tar")), None)
     if name is None:
         raise DebError(f"{path}: no control.tar member; not a Debian binary package")
-    blob = members[name]
-    if name.endswith(".zst"):
-        try:
-            blob = subprocess.run(
-                ["zstd", "-dc"], input=blob, capture_output=True, check=True
-            ).stdout
-        except (OSError, subprocess.CalledProcessError) as exc:
-            raise DebError(f"{path}: its control.tar.zst needs the zstd tool: {exc}") from None
+    blob = _unzstd(members[name], name, path)
     try:
         with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
             member = next(m for m in tar.getmembers() if m.name.lstrip("./") == "control")
@@ -63,3 +56,26 @@ def control_fields(path: Path) -> dict[str, str]:
             key, _, value = line.partition(":")
             fields[key.strip()] = value.strip()
     return fields
+
+
+def _unzstd(blob: bytes, name: str, path: Path) -> bytes:
+    """tarfile reads gz, bz2 and xz itself; zstd needs the tool."""
+    if not name.endswith(".zst"):
+        return blob
+    try:
+        return subprocess.run(["zstd", "-dc"], input=blob, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise DebError(f"{path}: its {name} needs the zstd tool: {exc}") from None
+
+
+def data_tar(path: Path) -> tarfile.TarFile:
+    """The package's file system tree (its data.tar member), opened for reading."""
+    path = Path(path)
+    members = _members(path.read_bytes(), path)
+    name = next((n for n in members if n.startswith("data.tar")), None)
+    if name is None:
+        raise DebError(f"{path}: no data.tar member; not a Debian binary package")
+    try:
+        return tarfile.open(fileobj=io.BytesIO(_unzstd(members[name], name, path)))
+    except tarfile.TarError as exc:
+        raise DebError(f"{path}: {name} cannot be read: {exc}") from None

@@ -54,6 +54,7 @@ from facts.proxmox import (
     PveGuestConfigs,
 )
 from facts.snapshot import MISSING_TOOL, Combined
+from facts.zfs import InstalledKernelFeatures, KernelFeatureFiles, ZfsUsage, ZfsUse
 from gpuhost.hostkeys import unknown_host_key
 from gpuhost.inventory import SPEC_KEY, load_inventory
 
@@ -85,10 +86,12 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "KernelCompilers": (KernelCompilers, {}),
     "PveContainerVersion": (PveContainerVersion, {}),
     "PanicSettings": (PanicSettings, {}),
+    "ZfsUsage": (ZfsUsage, {}),
+    "KernelFeatureFiles": (KernelFeatureFiles, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
 # fact's default (no SEV flags, no IOMMU units or group types, a boot path not known, no kernel
-# configs or compilers), as if the host had shown none; the managed files, loaded modules and
+# configs or compilers, no ZFS in use, no kernel features), as if the host had shown none; the managed files, loaded modules and
 # boot id load as None ("not captured"), and so do the guest statuses.
 NOT_CAPTURED = frozenset(
     {
@@ -100,7 +103,12 @@ NOT_CAPTURED = frozenset(
         "PanicSettings",
     }
 )
-ADDED_LATER = frozenset({"SevSnp", "IommuDomains", "BootPath", "KernelCompilers"}) | NOT_CAPTURED
+ADDED_LATER = (
+    frozenset(
+        {"SevSnp", "IommuDomains", "BootPath", "KernelCompilers", "ZfsUsage", "KernelFeatureFiles"}
+    )
+    | NOT_CAPTURED
+)
 
 
 @dataclass
@@ -130,6 +138,8 @@ class HostFacts:
     compilers: CompilerInventory = field(default_factory=CompilerInventory)
     pve_container: PackageVersion | None = None  # None: not captured
     panic: dict[str, str] | None = None  # /proc/sys/kernel panic settings; None: not captured
+    zfs: ZfsUse = field(default_factory=ZfsUse)
+    kernel_features: InstalledKernelFeatures = field(default_factory=InstalledKernelFeatures)
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -206,6 +216,8 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         compilers=value["KernelCompilers"],
         pve_container=value["PveContainerVersion"],
         panic=value["PanicSettings"],
+        zfs=value["ZfsUsage"],
+        kernel_features=value["KernelFeatureFiles"],
     )
 
 

@@ -119,7 +119,9 @@ def _platform(hw: hwsim.Hw, profile: Profile) -> None:
     iommu = iommu and keys.get("iommu") != "off"
     identity = keys.get("iommu") == "pt" or keys.get("iommu.passthrough") in ("1", "on", "y")
     domain = "identity" if identity else ("DMA" if keys.get("iommu.strict") == "1" else "DMA-FQ")
-    acs = "downstream" in keys.get("pcie_acs_override", "")
+    # Only a kernel with Proxmox's ACS patch knows the parameter (hwsim/storage.py).
+    acs_patch = hwsim.storage.kernel_has_acs_override(hw.root, hw.kernel)
+    acs = acs_patch and "downstream" in keys.get("pcie_acs_override", "")
     groups = {}
     for dev in profile.pci_devices:
         if iommu and dev.iommu_group is not None:
@@ -133,6 +135,8 @@ def _platform(hw: hwsim.Hw, profile: Profile) -> None:
         groups=groups,
         sev_snp_active=snp,
         sev_snp_firmware=profile.quirks.sev_snp,
+        # zfs-load-module.service loads zfs at every boot of a PVE host; pools import with it
+        zfs_loaded=hwsim.storage.kernel_has_zfs(hw.root, hw.kernel),
     )
     kinfo = hw.kernel_info(hw.kernel)
     hw.klog(
@@ -146,6 +150,11 @@ def _platform(hw: hwsim.Hw, profile: Profile) -> None:
         hw.klog(line)
     for word in unknown:
         hw.klog(f"AMD-Vi: Unknown option - '{word}'")
+    if "pcie_acs_override" in keys and not acs_patch:  # init/main.c: unknown parameters
+        hw.klog(
+            'Unknown kernel command line parameters "pcie_acs_override='
+            f'{keys["pcie_acs_override"]}", will be passed to user space.'
+        )
     if profile.quirks.sev_snp and not snp:
         # amd_iommu refuses SNP when the IOMMU is off or in passthrough (identity) mode.
         hw.klog(

@@ -42,6 +42,8 @@ TOOLS = (
     "journalctl",
     "findmnt",
     "gpuhost-twin-fabric",
+    "zpool",
+    "pvesm",
 )
 # Packaged paths (dpkg's view, before usrmerge) that get diverted when the package is installed.
 PACKAGED = {
@@ -60,6 +62,8 @@ PACKAGED = {
     "journalctl": [],  # the previous boot's kernel log; the rest goes to /bin/journalctl
     "findmnt": [],  # the disk layout of the profile's install (the overlay is the twin's own)
     "gpuhost-twin-fabric": [],  # the NVSwitch driver calls of nv-fabricmanager (stand-in)
+    "zpool": ["/sbin/zpool"],  # zfsutils-linux; the pools of the profile's disks
+    "pvesm": ["/usr/sbin/pvesm"],  # pve-storage's CLI: `pvesm status` over storage.cfg
 }
 WRAPPER = """#!/usr/bin/python3
 # gpuhost twin: simulated hardware tool; real one (if any) is {real}
@@ -86,6 +90,10 @@ def install(root: Path, profile: Profile) -> None:
     for kernel in profile.kernels:
         add_kernel(root, kernel)
     _boot_config(root, profile)
+    storage_cfg = root / "etc/pve/storage.cfg"  # what the installer configured for its disks
+    if not storage_cfg.exists():
+        fstype = hwsim.storage.root_fs(profile.boot.model_dump())[1]
+        _write(root, "etc/pve/storage.cfg", hwsim.storage.STORAGE_CFG[fstype])
     hostname = root / "etc/hostname"
     if not hostname.exists():
         hostname.parent.mkdir(parents=True, exist_ok=True)
@@ -168,7 +176,10 @@ def add_kernel(root: Path, kernel: Kernel, headers: bool = True) -> None:
     bootdir = root / "boot"
     bootdir.mkdir(parents=True, exist_ok=True)
     (bootdir / f"vmlinuz-{v}").write_bytes(b"gpuhost twin kernel image " + v.encode() + b"\n")
-    (bootdir / f"System.map-{v}").write_text(f"ffffffff81000000 T _stext {v}\n")
+    system_map = f"ffffffff81000000 T _stext {v}\n"
+    if kernel.acs_override:  # Proxmox's ACS patch: its early_param's setup function
+        system_map += "ffffffff83a1c2e0 t pcie_acs_override_setup\n"
+    (bootdir / f"System.map-{v}").write_text(system_map)
     (bootdir / f"config-{v}").write_text(
         f'# Linux/x86 {v} Kernel Configuration\nCONFIG_CC_VERSION_TEXT="{kernel.gcc}"\n'
         f"CONFIG_CC_IS_GCC=y\nCONFIG_MODULES=y\nCONFIG_MODVERSIONS=y\nCONFIG_VFIO_PCI=m\n"
@@ -179,6 +190,8 @@ def add_kernel(root: Path, kernel: Kernel, headers: bool = True) -> None:
         f"{m['path']}:{''.join(' ' + hwsim.IN_TREE[d]['path'] for d in m['deps'])}\n"
         for m in hwsim.IN_TREE.values()
     )
+    if kernel.zfs:  # pve-kernel's debian/rules installs them into zfs/, depmod indexes them
+        deps += "zfs/zfs.ko: zfs/spl.ko\nzfs/spl.ko:\n"  # (like IN_TREE's, no files)
     (moddir / "modules.dep").write_text(deps)
     (moddir / "modules.builtin").write_text("kernel/drivers/pci/pcie/portdrv.ko\n")
     (moddir / "twin-kernel.json").write_text(json.dumps(kernel.model_dump(), indent=1) + "\n")

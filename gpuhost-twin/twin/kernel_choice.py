@@ -34,6 +34,8 @@ One-shots (trial-boot.md §1.3, §2.1, §2.3), consumed before the kernel starts
 proxmox-boot-tool's --next-boot is no one-shot: it is the loader default until
 proxmox-boot-cleanup.service runs in a boot that reaches userspace (twin.pve.on_boot).
 
+A kernel without zfs.ko booted with root=ZFS= stops in its initramfs (hwsim/storage.py): like a
+panic, panic=N reboots it and without it the host waits at the prompt.
 A kernel in the profile's failing_kernels panics at boot, and so does one whose nvidia module
 loads at boot against GSP firmware of another release when oops=panic turns its oops into a
 panic (gsp_mismatch; without it the module fails to load): with panic=N (N>0) on its command line
@@ -49,7 +51,7 @@ import re
 from pathlib import Path
 
 from twin import hwsim
-from twin.hwsim import efivars, grubenv
+from twin.hwsim import efivars, grubenv, storage
 from twin.profile import Profile
 
 BOOTCFG = "var/lib/gpuhost-twin/bootcfg.json"
@@ -81,6 +83,8 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
             cmdline = " ".join([_initrd_arg(own["initrd"]), *own["options"].split()])
             hw.state["boot_initrd"] = own["initrd"]  # boot_modules reads this initramfs
         why = "profile" if kernel in profile.failing_kernels else ""
+        if not why and storage.root_on_zfs(cmdline) and not storage.kernel_has_zfs(hw.root, kernel):
+            why = "zfs"  # the initramfs cannot import the root pool (hwsim/storage.py)
         if not why and "oops=panic" in cmdline.split():  # else the oops kills modules-load only
             why = gsp_mismatch(hw, kernel)
         if not why:
@@ -115,6 +119,8 @@ def gsp_mismatch(hw: hwsim.Hw, kernel: str) -> str:
 def panic_log(kernel: str, cmdline: str, why: str) -> list[str]:
     """The kernel log of a boot that panicked (what `journalctl -b -1 -k` shows afterwards)."""
     lines = [f"Linux version {kernel}", f"Command line: {cmdline}"]
+    if why == "zfs":  # openzfs contrib/initramfs/scripts/zfs, then initramfs-tools' panic()
+        return [*lines, "Failed to load ZFS modules.", "Manually load the modules and exit."]
     if why != "profile":
         lines += [
             f"NVRM: RmInitAdapter: GSP firmware mismatch ({why})",

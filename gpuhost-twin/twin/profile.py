@@ -67,6 +67,9 @@ class Boot(_Model):
     # Plain GRUB only: /boot on the LVM root (PVE ext4/xfs installs). GRUB's save_env cannot
     # write there ("diskfilter writes are not supported"), so next_entry is never cleared.
     boot_on_lvm: bool = True
+    # The root file system the installer chose (hwsim/storage.py); None: ZFS where the ESPs are
+    # proxmox-boot-tool's (systemd-boot, GRUB on the ESPs), else ext4 on LVM.
+    root_fs: Literal["zfs", "btrfs", "ext4"] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Boot:
@@ -187,6 +190,10 @@ class Kernel(_Model):
     ld: str = "GNU ld (GNU Binutils for Debian) 2.40"
     builder: str = "build@proxmox"
     build: str | None = None  # /proc/version tail; default "#1 SMP PREEMPT_DYNAMIC PMX <ver> (...)"
+    # What Proxmox's packaging adds to a kernel (hwsim/storage.py): zfs.ko and spl.ko in
+    # /lib/modules/<ver>/zfs/, and the pcie_acs_override patch (a symbol in System.map).
+    zfs: bool = True
+    acs_override: bool = True
 
     @field_validator("gcc")
     @classmethod
@@ -224,6 +231,11 @@ class Nvidia(_Model):
     nvlink_gbps: str = "26.562"
 
 
+class ZfsPool(_Model):
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_.:-]*$")
+    state: Literal["ONLINE", "DEGRADED", "FAULTED", "OFFLINE", "UNAVAIL", "SUSPENDED"] = "ONLINE"
+
+
 class Profile(_Model):
     name: str
     description: str = ""
@@ -242,6 +254,7 @@ class Profile(_Model):
     char_devices: list[str] | None = None
     block_devices: list[str] | None = None
     dmesg: list[str] = []  # platform lines of the boot log before any driver (iommu: ...)
+    zfs_pools: list[ZfsPool] | None = None  # None: rpool on a ZFS root, else none
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Profile:

@@ -18,11 +18,15 @@ from gpuhost.spec import HostSpec
 
 # Right kernel, command line and loader files; the planned driver, open flavour, built by the
 # kernel's compiler, with matching GSP firmware; uvm_disable_hmm and the other parameters;
-# every GPU on its planned driver; the device nodes the guests will need.
+# every GPU on its planned driver; the device nodes the guests will need; the pools and
+# Proxmox storages the guests start from (a kernel without zfs.ko or a disk driver boots, but
+# imports no pool).
 GATE = (
     "boot.kernel",
     "boot.cmdline",
     "boot.loader",
+    "storage.zfs",
+    "storage.pve",
     "gpus.inventory",
     "gpus.binding",
     "driver.version",

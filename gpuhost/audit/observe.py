@@ -22,6 +22,7 @@ from facts.guestsoft import GuestFacts, commands, parse_guest
 from facts.kernel import NvidiaModuleFiles
 from facts.nvidia import FabricManager, GspFirmwareFiles, NvidiaFabricManager, NvidiaUserspace
 from facts.snapshot import MISSING_TOOL, Combined, split_combined
+from facts.storage import StorageHealth, StorageHealthFact
 from gpuhost.guestplan import planned_paths, venv_imports
 from gpuhost.hostfacts import FACTS, HostFacts, combined_args, fact_tool, parse_raw
 from gpuhost.spec_guests import LxcGuest
@@ -35,8 +36,12 @@ AUDIT_FACTS: dict[str, type[FactBase]] = {
     "NvidiaUserspace": NvidiaUserspace,
     "NvidiaFabricManager": NvidiaFabricManager,
     "NvidiaModuleFiles": NvidiaModuleFiles,
+    "StorageHealth": StorageHealthFact,
     "CudaProbe": CudaProbe,
 }
+# Facts read since the recorded audit captures were taken (tests/fixtures/captures): an output
+# without all of them reads them as not captured (the host facts' defaults, no storage health).
+READ_SINCE_CAPTURES = frozenset({"ZfsUsage", "KernelFeatureFiles", "StorageHealth"})
 # The audit reads every fact the deploy reads (the Plan needs them all), in the same one command,
 # but pve-container's version: it decides how the deploy may write devN entries, not what the
 # audit checks (the entries that are there), and reads as "not captured" here.
@@ -58,6 +63,7 @@ class HostView:
     fabric: FabricManager
     modules: dict[str, dict[str, str]]
     cuda: CudaView | None  # None: python3 missing
+    storage: StorageHealth | None = None  # None: not captured
 
 
 @dataclass
@@ -81,12 +87,17 @@ def _commands(
     return out
 
 
-def host_command(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:
+def host_command(
+    sizes: tuple[int, ...] = DEFAULT_SIZES, without: frozenset[str] = frozenset()
+) -> str:
     """Every fact side by side, then the CUDA probe: libcuda makes missing device nodes (through
-    nvidia-modprobe), so the nodes are read before CUDA can touch them."""
-    facts = [c for c in _commands(AUDIT_FACTS, sizes) if c[0] != "CudaProbe"]
-    probe = [c for c in _commands(AUDIT_FACTS, sizes) if c[0] == "CudaProbe"]
-    first = Combined().command(tuple(combined_args(HOST_FACT_KEYS)["commands"]) + tuple(facts))
+    nvidia-modprobe), so the nodes are read before CUDA can touch them. ``without``: facts left
+    out (the command a capture recorded before they were read)."""
+    audit = {k: v for k, v in AUDIT_FACTS.items() if k not in without}
+    facts = [c for c in _commands(audit, sizes) if c[0] != "CudaProbe"]
+    probe = [c for c in _commands(audit, sizes) if c[0] == "CudaProbe"]
+    keys = tuple(k for k in HOST_FACT_KEYS if k not in without)
+    first = Combined().command(tuple(combined_args(keys)["commands"]) + tuple(facts))
     return f"{first}\n{Combined().command(tuple(probe))}"
 
 
@@ -133,19 +144,20 @@ def observe_host(run: Runner, sizes: tuple[int, ...] = DEFAULT_SIZES) -> HostVie
     rc, stdout, stderr = run(host_command(sizes))
     raw = _split(stdout)
     missing = [k for k in (*HOST_FACT_KEYS, *AUDIT_FACTS) if k not in raw]
-    if missing:
+    if missing and set(missing) != READ_SINCE_CAPTURES:
         raise UnparsedOutput(
             "audit host command", f"exit {rc}: {stderr.strip()[-300:]}", f"no output for {missing}"
         )
-    value = {k: _parse(k, cls, *raw[k]) for k, cls in AUDIT_FACTS.items()}
+    value = {k: _parse(k, cls, *raw[k]) for k, cls in AUDIT_FACTS.items() if k in raw}
     return HostView(
-        facts=parse_raw({k: raw[k] for k in HOST_FACT_KEYS}),
+        facts=parse_raw({k: raw[k] for k in HOST_FACT_KEYS if k in raw}),
         nodes=value["NvidiaDeviceNodes"] or {},
         firmware=value["GspFirmwareFiles"] or {},
         userspace=value["NvidiaUserspace"] or {},
         fabric=value["NvidiaFabricManager"] or FabricManager(None, None),
         modules=value["NvidiaModuleFiles"] or {},
         cuda=value["CudaProbe"],
+        storage=value.get("StorageHealth"),
     )
 
 

@@ -14,6 +14,7 @@ from gpuhost.audit import (  # noqa: F401  (registers the checks)
     host_checks,
     p2p_checks,
     software_checks,
+    storage_checks,
 )
 from gpuhost.audit.context import AuditContext
 from gpuhost.audit.model import CHECKS, Check, Finding, NotApplicable, Outcome
@@ -100,7 +101,7 @@ def read_host(
 
 
 # Report order: the hardware first, then what builds on it, the guests last.
-ORDER = ("gpus", "driver", "boot", "modules", "devices", "cuda", "p2p", "ct", "vm")
+ORDER = ("gpus", "driver", "boot", "storage", "modules", "devices", "cuda", "p2p", "ct", "vm")
 
 
 def ordered_checks(scope: str) -> list[Check]:

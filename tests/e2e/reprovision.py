@@ -1,7 +1,7 @@
 """The bricked-host story on twins, shared by tests/e2e/test_reprovision.py and
-benchmarks/reprovision.py: a freshly installed kpro6 (PVE's 6.8.12-9-pve only) gets the real
-kernel from the artifact store (`make bindeb-pkg` .debs, tests/build/kernel_cache.py; installed
-with dpkg), the NVIDIA open modules built on it for that kernel with the kernel's own gcc-12
+benchmarks/reprovision.py: a freshly installed kpro6 (PVE's 6.8.12-9-pve only, on a btrfs root)
+gets the real kernel from the artifact store (`make bindeb-pkg` .debs,
+tests/build/kernel_cache.py; installed with dpkg), the NVIDIA open modules built on it for that kernel with the kernel's own gcc-12
 (real Kbuild against the kernel's own headers package) and the userspace and GSP firmware from
 the stand-in NVIDIA installer; the kernel is trial-booted, gated and pinned. The same spec and
 stores on a wiped twin then restore it without one compiler run on the target."""
@@ -38,6 +38,13 @@ def fresh_kpro6(tmp: Path, boot: dict | None = None) -> str:
     return str(path)
 
 
+# The test kernel is a `make bindeb-pkg` build of a plain tree: no zfs.ko, so a host whose root
+# is on ZFS refuses it (gpuhost/kernelfeatures.py). The reprovisioned kpro6 is the Proxmox
+# installer's other UEFI layout with systemd-boot, a btrfs root, which needs no zfs.ko (the twin
+# does not model file system drivers).
+PLAIN_KERNEL_ROOT = {"root_fs": "btrfs", "kernel_cmdline": "root=/dev/sda3 ro quiet"}
+
+
 def host_spec(kernel: BuiltKernel, driver_store: Path, installer: Path) -> dict:
     base = spec(source_tree(), kernel.store)
     base["kernel"]["keep"] = [OLD]
@@ -62,7 +69,7 @@ def provision(
 ) -> Provisioned:
     """Start a fresh kpro6 twin (``start(profile)``), deploy the spec once, time it.
     ``artifacts``/``builders``: the spec's artifacts and the build hosts that declares."""
-    twin = start(fresh_kpro6(tmp))
+    twin = start(fresh_kpro6(tmp, PLAIN_KERNEL_ROOT))
     log = count_compiler_runs(twin)
     installer = tmp / "nvidia" / f"NVIDIA-Linux-x86_64-{VERSION}.run"
     if not installer.exists():

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from facts.cuda import parse_cuda_probe
+from facts.cuda import DEFAULT_SIZES, parse_cuda_probe
 from facts.devices import parse_device_nodes
 from facts.kernel import parse_nvidia_modules
 from facts.nvidia import parse_fabricmanager, parse_firmware_files, parse_userspace
-from gpuhost.audit.observe import in_container, observe_host
+from gpuhost.audit.observe import READ_SINCE_CAPTURES, host_command, in_container, observe_host
 from gpuhost.audit.run import audit_all, read_host
 from gpuhost.inventory import load_inventory
 
@@ -39,8 +39,11 @@ APPLIES = {
 
 
 def replay(command: str) -> tuple[int, str, str]:
+    """The capture's output, for today's command less the facts read since it was taken."""
     recorded = (RUN / "audit-host.cmd").read_text().rstrip("\n")
-    assert command == recorded, "the host command changed: recapture with tools/device-audit.sh"
+    assert command == host_command(DEFAULT_SIZES)
+    captured = host_command(DEFAULT_SIZES, without=READ_SINCE_CAPTURES)
+    assert captured == recorded, "the host command changed: recapture with tools/device-audit.sh"
     return 0, (RUN / "audit-host.out").read_text(), ""
 
 
@@ -167,4 +170,4 @@ def test_the_suite_lists_one_test_per_check_and_target():
     ids = [line.split("[", 1)[1].rstrip("]") for line in run.stdout.splitlines() if "[" in line]
     assert "kpro6::driver.version" in ids and "kpro6/ct200::ct.cuda" in ids
     assert "kpro6/vm129::vm.hostpci" in ids and "kpro6/vm129::ct.cuda" not in ids
-    assert len(ids) == len(set(ids)) == 21 + 10 + 2  # host, ct200's (6 + 4 software), vm129's
+    assert len(ids) == len(set(ids)) == 23 + 10 + 2  # host, ct200's (6 + 4 software), vm129's

@@ -4,7 +4,8 @@ Installed as the package /usr/lib/gpuhost-twin/hwshim next to the hwsim package;
 three-line wrapper (see hardware.py). $TWIN_ROOT (default "/") is the machine's root.
 
 One module per tool family: nvidia_smi (+ smi_text), lspci, kmod (lsmod, modprobe, modinfo,
-depmod), nvidia_modprobe, kernel (uname, dmesg), bootctl (EFI variables), esp_mount (the ESPs), fabric (the NVSwitch fabric); common holds what they share.
+depmod), nvidia_modprobe, kernel (uname, dmesg), bootctl (EFI variables), esp_mount (the ESPs), fabric (the NVSwitch fabric), storage (zpool, pvesm);
+common holds what they share.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .kmod import depmod, lsmod, modinfo, modprobe
 from .lspci import lspci
 from .nvidia_modprobe import nvidia_modprobe
 from .nvidia_smi import nvidia_smi
+from .storage import pvesm, zpool
 
 TOOLS = {
     "nvidia-smi": nvidia_smi,
@@ -37,6 +39,8 @@ TOOLS = {
     "journalctl": journalctl,
     "findmnt": findmnt,
     "gpuhost-twin-fabric": fabric,
+    "zpool": zpool,
+    "pvesm": pvesm,
 }
 
 

@@ -1,19 +1,11 @@
 """findmnt -T PATH: the file system a path lives on, as the profile's install laid the disks out
-(trial-boot.md §0): ZFS (rpool/ROOT/pve-1) on ESP hosts, LVM (pve/root) for a plain GRUB install
-with /boot on the root, a plain partition otherwise. The twin's own overlay mount is not what a
-real host would show, so the real findmnt is not asked."""
+(trial-boot.md §0; hwsim/storage.py): ZFS (rpool/ROOT/pve-1) on ESP hosts, LVM (pve/root) for a
+plain GRUB install with /boot on the root, a plain partition otherwise. The twin's own overlay
+mount is not what a real host would show, so the real findmnt is not asked."""
 
 from __future__ import annotations
 
-from .common import err, load_hw, out
-
-
-def _filesystem(boot: dict) -> tuple[str, str]:
-    if boot.get("loader") == "systemd-boot" or boot.get("grub_on_esp"):
-        return "rpool/ROOT/pve-1", "zfs"
-    if boot.get("boot_on_lvm", True):
-        return "/dev/mapper/pve-root", "ext4"
-    return "/dev/sda2", "ext4"
+from .common import err, hwsim, load_hw, out
 
 
 def findmnt(argv: list[str]) -> int:
@@ -24,7 +16,7 @@ def findmnt(argv: list[str]) -> int:
     columns = ["TARGET", "SOURCE", "FSTYPE", "OPTIONS"]
     if "-o" in argv[:-1]:
         columns = argv[argv.index("-o") + 1].upper().split(",")
-    source, fstype = _filesystem(hw.profile.get("boot", {}))
+    source, fstype = hwsim.storage.root_fs(hw.profile.get("boot", {}))
     row = {"TARGET": "/", "SOURCE": source, "FSTYPE": fstype, "OPTIONS": "rw,relatime"}
     unknown = [c for c in columns if c not in row]
     if unknown:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import json
 import os
 import re
 import subprocess
@@ -184,5 +185,20 @@ def depmod(argv: list[str]) -> int:
     if hw and hw.kernel and not any(re.match(r"^\d+\.\d+", a) for a in args):
         args.append(hw.kernel)
     kmod = kmod_binary(hw.root if hw else root())
-    os.execv(kmod, ["depmod", *args])
-    return 1  # pragma: no cover
+    rc = subprocess.run(["depmod", *args], executable=kmod).returncode  # kmod reads argv[0]
+    release = next((a for a in args if re.match(r"^\d+\.\d+", a)), None)
+    if rc == 0 and hw and release:
+        _index_simulated_zfs(hw, release)
+    return rc
+
+
+def _index_simulated_zfs(hw, release: str) -> None:
+    """A simulated Proxmox kernel's zfs.ko and spl.ko are not materialised as ELF files (its
+    twin-kernel.json says it has them): list them in modules.dep as depmod would."""
+    record = hw.p(f"lib/modules/{release}/twin-kernel.json")
+    dep = hw.p(f"lib/modules/{release}/modules.dep")
+    if not record.exists() or not dep.exists() or not json.loads(record.read_text()).get("zfs"):
+        return
+    text = dep.read_text()
+    if not hwsim.storage.ZFS_MODULE.search(text):
+        dep.write_text(text + "zfs/zfs.ko: zfs/spl.ko\nzfs/spl.ko:\n")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import efivars, grubenv
+from . import efivars, grubenv, storage
 from .catalog import (
     BRIDGE_DRIVER,
     DEFAULT_BLOCK,
@@ -98,6 +98,7 @@ __all__ = [
     "norm",
     "read_elf_sections",
     "refresh_uptime",
+    "storage",
     "sysfs_path",
     "unbind_device",
     "version_key",
