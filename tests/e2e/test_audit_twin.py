@@ -399,3 +399,13 @@ def test_a_container_without_the_userspace_is_fixed_by_the_advice(kpro6):
         assert audit(twin, inv) == {}
     finally:
         twin_driver.install_userspace(node.Twin.load(twin.name), 200, VERSION)
+
+
+def test_panic_settings_left_on_by_a_trial(kpro6):
+    """A trial boot runs with panic_on_oops and friends on; a host left that way fails."""
+    failed = _planted(
+        kpro6,
+        _sh("echo 1 > /proc/sys/kernel/panic_on_oops; echo 1 > /proc/sys/kernel/hung_task_panic"),
+        _sh("echo 0 > /proc/sys/kernel/panic_on_oops; echo 0 > /proc/sys/kernel/hung_task_panic"),
+    )
+    assert failed == {"boot.panic": ["1", "1"]}
