@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import sysfs_ctl
-from .catalog import BRIDGE_DRIVER, IN_TREE, NVIDIA_DEPS, UVM_PARAMS
+from .catalog import IN_TREE, NVIDIA_DEPS, UVM_PARAMS
 from .kofile import gcc_release, ko_info, norm
 from .machine import STATE, Machine
 
@@ -267,29 +267,11 @@ class KernelModules(Machine):
         )
         return proc.returncode, proc.stdout + proc.stderr
 
-    def device_modules(self) -> dict[str, str]:
-        """{module: the driver it binds as} of the profile's devices: the device's first
-        "Kernel modules" entry (xhci_pci binds as xhci_hcd), else its driver's name."""
-        found: dict[str, str] = {}
-        for d in self.profile["pci_devices"]:
-            driver = d.get("driver")
-            if driver and driver != BRIDGE_DRIVER:
-                found.setdefault(norm((d.get("modules") or [driver])[0]), driver)
-        return found
-
     def _device_drivers(self) -> set[str]:
         """Modules of the profile's devices (snd_hda_intel, nvme, xhci_pci...): loadable
         modules of the simulated kernel, reached by modprobe only through an install command's
         --ignore-install (otherwise coldplug binds them directly)."""
         return set(self.device_modules())
-
-    def builtin(self, name: str) -> bool:
-        """Whether the booted kernel has the module built in: its modules.builtin lists it
-        (a Proxmox kernel builds xhci_pci as a module: pve-kernel debian/rules,
-        ``-m CONFIG_USB_XHCI_PCI``; a kernel built from another config may not)."""
-        path = self.p(f"lib/modules/{self.kernel}/modules.builtin")
-        lines = path.read_text().split() if self.kernel and path.is_file() else []
-        return norm(name) in {norm(Path(line).name.split(".", 1)[0]) for line in lines}
 
     def _load_device_driver(self, name: str) -> tuple[bool, str]:
         driver = self.device_modules()[name]
