@@ -23,6 +23,7 @@ from deploys.context import observed
 from deploys.guests import guest_power, start_guests, stop_guests
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo, KernelCmdline
+from facts.pci import PciDevice, PciDevices
 from gpuhost.guestpower import GuestPower
 from gpuhost.plan import STATE_DIR, Plan
 
@@ -51,6 +52,20 @@ def repeated(plan: Plan, record: str | None, boot_id: str | None) -> list[str]:
     if before is None or before == boot_id:
         return []  # no reboot recorded, or it was asked for and has not happened yet
     return [str(r) for r in plan.reboot_now if str(r) in reasons]
+
+
+def misbound_after_boot(plan: Plan, pci: dict[str, PciDevice]) -> list[str]:
+    """The planned bindings a new boot did not make, one phrase each: every function planned
+    for a VM must be on vfio-pci, and no GPU planned for the host may be."""
+    wrong = []
+    for bdf in plan.vfio.bdfs if plan.vfio is not None else ():
+        driver = pci[bdf].driver if bdf in pci else None
+        if bdf in pci and driver != "vfio-pci":
+            wrong.append(f"{bdf} is on {driver or 'no driver'}, not vfio-pci")
+    for a in plan.gpus:
+        if a.driver_planned == "nvidia" and a.bdf in pci and pci[a.bdf].driver == "vfio-pci":
+            wrong.append(f"host GPU {a.bdf} is on vfio-pci, not nvidia")
+    return wrong
 
 
 def _read(host, fact) -> object | None:
@@ -133,8 +148,16 @@ def reboot_and_confirm(
             raise OperationError(
                 f"the host booted kernel {kernel.release}, not {plan.running_kernel}"
             )
+        wrong = misbound_after_boot(plan, _read(host, PciDevices()) or {})
+        if wrong:
+            raise OperationError(
+                f"after the reboot {'; '.join(wrong)}: the boot did not make the planned "
+                "bindings (see `systemctl status gpuhost-vfio-claim` and dmesg)"
+            )
         host.run_shell_command(StringCommand("rm -f", shlex.quote(RECORD)), print_output=False)
-        logger.info(f"{host.print_prefix}new boot {new_id}: kernel command line confirmed")
+        logger.info(
+            f"{host.print_prefix}new boot {new_id}: bindings and kernel command line confirmed"
+        )
         return True
 
     yield FunctionCommand(wait_for_new_boot, (), {})

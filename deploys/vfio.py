@@ -1,10 +1,12 @@
 """The VMs' PCI functions on vfio-pci: claimed at boot before any host driver, per BDF.
 
 Writes the mechanism the Plan holds (gpuhost/vfioplan.py): /etc/modprobe.d/gpuhost-vfio.conf,
-whose install lines claim the VMs' functions for vfio-pci before nvidia, nouveau, nvidiafb or
-snd_hda_intel is inserted. The initramfs carries modprobe.d, so the file records the initramfs
-rebuild as pending first; the module options deploy that follows runs it (one rebuild for
-both). When no VM has GPUs the files are removed. A board bound to the
+whose install lines claim the VMs' functions for vfio-pci before nvidia, nouveau, nvidiafb,
+snd_hda_intel, xhci_pci or i2c_nvidia_gpu is inserted, the initramfs hook that puts vfio-pci in
+the initramfs (which carries modprobe.d), and the boot unit that moves functions a built-in or
+early driver took. The modprobe.d file and the hook record the initramfs rebuild as pending
+first; the module options deploy that follows runs it (one rebuild for both); the unit records
+systemd's reload. When no VM has GPUs the files are removed. A board bound to the
 wrong driver now is moved live (:func:`deploys.rebind.rebind`) where the IOMMU is on; the
 move is refused, naming the process and guest, while something holds the board.
 
@@ -28,10 +30,10 @@ def configure(plan: Plan, live: bool = True) -> None:
     """The claim's files; with ``live`` (no reboot in this run: the boot's claim would do it)
     also the live moves of boards bound to the wrong driver now, whose guests
     deploys/split.py has stopped."""
-    step = next(f for f in plan.follow_ups if f.name == "initramfs")
     for item in plan.files.values():
         if item.concern == "vfio":
-            managed_file(name=f"VFIO binding: {item.path}", item=item, follow_ups=[step])
+            steps = [f for f in plan.follow_ups if item.path in f.triggers]
+            managed_file(name=f"VFIO binding: {item.path}", item=item, follow_ups=steps)
     if not live:
         return
     # A board on the wrong side now moves live (refused, naming the holder, while in use).

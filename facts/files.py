@@ -21,6 +21,7 @@ MANAGED_PATHS = (
     "/etc/gpuhost/*",
     "/etc/modprobe.d/gpuhost-*.conf",
     "/etc/modules-load.d/gpuhost-*.conf",
+    "/etc/initramfs-tools/hooks/gpuhost-*",
     "/etc/systemd/system/gpuhost-*",
     "/etc/systemd/system/*.wants/gpuhost-*",
     "/usr/local/lib/gpuhost/*",

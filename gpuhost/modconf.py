@@ -22,9 +22,10 @@ TRIAL_SCRIPT = "/usr/local/lib/gpuhost/trial-deadline"
 TRIAL_UNIT = "/etc/systemd/system/gpuhost-trial-deadline.service"
 TRIAL_TIMER = "/etc/systemd/system/gpuhost-trial-deadline.timer"
 TRIAL_WANTS = "/etc/systemd/system/timers.target.wants/gpuhost-trial-deadline.timer"
-# Files that matter early in boot: the initramfs carries modprobe.d and modules-load.d, so a
-# blacklist or the vfio modules only take effect from it once it is rebuilt.
-INITRAMFS_FILES = (BLACKLIST, VFIO_LOAD)
+# Files that matter early in boot: the initramfs carries /etc/modprobe.d (initramfs-tools'
+# kmod hook) but not modules-load.d, which only the real root's systemd-modules-load reads; so
+# a blacklist takes effect in the initramfs only once it is rebuilt.
+INITRAMFS_FILES = (BLACKLIST,)
 
 _FILES = Path(__file__).parents[1] / "files"
 

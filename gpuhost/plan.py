@@ -53,6 +53,7 @@ from gpuhost.userspaceplan import (
     persistenced_unit,
     plan_driver_userspace,
 )
+from gpuhost.vfioplan import CLAIM_UNIT as VFIO_CLAIM_UNIT
 from gpuhost.vfioplan import INITRAMFS_FILES as VFIO_INITRAMFS_FILES
 from gpuhost.vfioplan import VfioBinding, plan_vfio, vfio_files
 from gpuhost.vmplan import VmSplit, plan_vm_gpus
@@ -387,7 +388,13 @@ def make_plan(
         FollowUp(
             "systemd",
             "systemctl daemon-reload",
-            (modconf.DEVICES_UNIT, modconf.TRIAL_UNIT, modconf.TRIAL_TIMER, PERSISTENCED_UNIT),
+            (
+                modconf.DEVICES_UNIT,
+                modconf.TRIAL_UNIT,
+                modconf.TRIAL_TIMER,
+                PERSISTENCED_UNIT,
+                VFIO_CLAIM_UNIT,
+            ),
         ),
     ]
 
@@ -434,8 +441,8 @@ def make_plan(
     if problems:
         raise PlanError(host, problems, source)
     vfio = plan_vfio(vm_functions, {bdf: d.class_code for bdf, d in facts.pci.items()})
-    for path, content, mode in vfio_files(vfio):
-        files[path] = ManagedFile(path, content, "vfio", mode=mode)
+    for path, content, mode, link in vfio_files(vfio):
+        files[path] = ManagedFile(path, content, "vfio", mode=mode, link=link)
     driver_modules = plan_driver_modules(spec, facts)
     preconditions = plan_preconditions(
         spec, facts, api_writes(vm_split, facts), driver_modules, userspace, control

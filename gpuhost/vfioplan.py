@@ -5,12 +5,11 @@ Why a modprobe.d ``install`` hook (domain.md "GPUs in VMs"): loading nvidia prob
 it matches at once, and systemd-modules-load and udev's coldplug run with no ordering between
 them, so a udev rule that sets driver_override can come too late. kmod runs a module's install
 command instead of inserting it (libkmod-module.c: module_do_install_commands, command_do:
-system(3) with MODPROBE_MODULE set, $CMDLINE_OPTS replaced by the module's options), and every
-path that loads nvidia goes through modprobe: modules-load, udev's kmod builtin, the
-initramfs, nvidia-modprobe, nvidia-persistenced, and nvidia_uvm's dependency on nvidia. The
-command claims the functions, then inserts the driver with --ignore-install. It is written
-inline in the modprobe.d file (no script beside it), so the initramfs, which copies
-/etc/modprobe.d, carries the whole claim with no hook of its own. Three kmod rules matter:
+system(3) with MODPROBE_MODULE set), and every path that loads nvidia goes through modprobe:
+modules-load, udev's kmod builtin, the initramfs, nvidia-modprobe, nvidia-persistenced, and
+nvidia_uvm's dependency on nvidia. The command claims the functions, then inserts the driver
+with --ignore-install. No ``$CMDLINE_OPTS`` on that insert: kmod substitutes the module's
+modprobe.d options into it, and the inner modprobe adds them again. Three kmod rules matter:
 only the first install line and the first softdep line of a module count, the config files
 read in name order with the kernel's modules.softdep sorted in among them
 (libkmod-config.c: conf_files_insert_sorted), and a module with a softdep has its install
@@ -22,9 +21,22 @@ install command, and the command loads the module's own softdeps itself around t
 (kmod loads none for the --ignore-install insert). A softdep for the module in a modprobe.d file
 that sorts before gpuhost-vfio.conf still wins over it and disables the claim.
 
+The override is what keeps host drivers off: once it is written the PCI core binds no other
+driver (drivers/pci/pci-driver.c, pci_match_device). So the command fails closed (the module is
+not inserted) only when an override cannot be written; if vfio-pci cannot load, the functions
+stay without a driver and the module loads for the host's own devices.
+
+The initramfs: initramfs-tools copies /etc/modprobe.d (not modules-load.d), so the install lines
+run there too, and with MODULES=most it copies the USB host and i2c bus drivers (xhci_pci,
+i2c_nvidia_gpu: hooked for boards with USB-C) but no vfio module (hook-functions:
+auto_add_modules). An initramfs hook adds vfio_pci and its dependencies (manual_add_modules),
+so a claim that runs there loads vfio-pci like one in the real root.
+
 Every host driver that could bind one of a VM's functions is hooked: nvidia, nouveau and
 nvidiafb for the GPU, snd_hda_intel for its audio function, xhci_pci and i2c_nvidia_gpu for the
-USB-C functions of boards that have them. A driver built into the kernel runs no hook.
+USB-C functions of boards that have them. A driver built into the kernel (modules.builtin) or
+loaded before the claim runs no hook: the boot unit (``CLAIM_UNIT``), ordered before
+pve-guests, moves whatever planned function is not on vfio-pci then.
 """
 
 from __future__ import annotations
@@ -43,8 +55,13 @@ if TYPE_CHECKING:
     from gpuhost.plan import GpuAssignment
 
 MODPROBE_CONF = "/etc/modprobe.d/gpuhost-vfio.conf"
-# The initramfs carries modprobe.d: rebuild it when the file changes, so its copy is the same.
-INITRAMFS_FILES = (MODPROBE_CONF,)
+INITRAMFS_HOOK = "/etc/initramfs-tools/hooks/gpuhost-vfio"
+# The initramfs carries modprobe.d and what the hook adds: rebuild it when either changes.
+INITRAMFS_FILES = (MODPROBE_CONF, INITRAMFS_HOOK)
+# The boot unit that moves what a built-in or early driver took (see the module's docstring).
+CLAIM_SCRIPT = "/usr/local/lib/gpuhost/vfio-claim"
+CLAIM_UNIT = "/etc/systemd/system/gpuhost-vfio-claim.service"
+CLAIM_WANTS = "/etc/systemd/system/multi-user.target.wants/gpuhost-vfio-claim.service"
 
 # PCI class (prefix) of a VM's function -> the host drivers that would bind it.
 CLAIMERS: dict[str, tuple[str, ...]] = {
@@ -92,16 +109,18 @@ def plan_vfio(
 
 
 def claim_command(binding: VfioBinding) -> str:
-    """The claim as one shell command (an install line's first half): overrides, then vfio-pci
-    bound to every planned function that is on the bus. Its values are BDFs that passed
-    normalize_bdf, so nothing in it needs quoting."""
+    """The claim as one shell command (an install line's first half): overrides (it fails
+    only when one cannot be written), then vfio-pci bound to every planned function that is on
+    the bus, where vfio-pci loads. Its values are BDFs that passed normalize_bdf, so nothing in
+    it needs quoting."""
     functions = " ".join(binding.bdfs)
     return (
         f"{{ for f in {functions}; do d=/sys/bus/pci/devices/$f; "
         '[ ! -e "$d" ] || echo vfio-pci > "$d/driver_override" || exit 1; done; '
-        "/sbin/modprobe vfio-pci || exit 1; "
+        "if /sbin/modprobe vfio-pci; then "
         f"for f in {functions}; do d=/sys/bus/pci/devices/$f; "
-        '[ ! -e "$d" ] || [ -e "$d/driver" ] || echo "$f" > /sys/bus/pci/drivers_probe; done; }'
+        '[ ! -e "$d" ] || [ -e "$d/driver" ] || echo "$f" > /sys/bus/pci/drivers_probe; done; '
+        "fi; }"
     )
 
 
@@ -115,18 +134,13 @@ def insert_command(module: str) -> str:
         "2>/dev/null | head -n 1); "
         "dep() { w=; for x in $s; do case $x in pre:|post:) w=$x;; "
         '*) [ "$w" != "$1" ] || /sbin/modprobe -q "$x" || :;; esac; done; }; '
-        f"dep pre:; /sbin/modprobe --ignore-install {module} $CMDLINE_OPTS && dep post:; }}"
+        f"dep pre:; /sbin/modprobe --ignore-install {module} && dep post:; }}"
     )
 
 
 def modprobe_conf(binding: VfioBinding) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(_ROOT / "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,  # a modprobe.d file; its values are BDFs and module names of ours
-    )
-    return env.get_template("gpuhost-vfio.conf.j2").render(
+    return _render(
+        "gpuhost-vfio.conf.j2",
         bdfs=binding.bdfs,
         modules=binding.modules,
         claim=claim_command(binding),
@@ -134,9 +148,34 @@ def modprobe_conf(binding: VfioBinding) -> str:
     )
 
 
-def vfio_files(binding: VfioBinding | None) -> list[tuple[str, str | None, str]]:
-    """(path, content or None for absent, mode) of every file of the mechanism."""
-    return [(MODPROBE_CONF, modprobe_conf(binding) if binding else None, "644")]
+def _render(template: str, **values: object) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_ROOT / "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # shell and modprobe.d text; its values are BDFs and module names
+    )
+    return env.get_template(template).render(**values)
+
+
+def vfio_files(
+    binding: VfioBinding | None,
+) -> list[tuple[str, str | None, str, str | None]]:
+    """(path, content or None for absent, mode, symlink target) of every file of the
+    mechanism: all absent when no VM has a function."""
+    on = binding is not None
+    script = _render("gpuhost-vfio-claim.j2", bdfs=binding.bdfs) if binding else None
+    return [
+        (MODPROBE_CONF, modprobe_conf(binding) if binding else None, "644", None),
+        (INITRAMFS_HOOK, _static("gpuhost-vfio-initramfs-hook") if on else None, "755", None),
+        (CLAIM_SCRIPT, script, "755", None),
+        (CLAIM_UNIT, _static("gpuhost-vfio-claim.service") if on else None, "644", None),
+        (CLAIM_WANTS, None, "644", CLAIM_UNIT if on else None),
+    ]
+
+
+def _static(name: str) -> str:
+    return (_ROOT / "files" / name).read_text()
 
 
 def board_functions(gpus: list[GpuAssignment], facts: HostFacts, bdf: str) -> tuple[str, ...]:

@@ -95,9 +95,57 @@ def _names(path: Path) -> list[list[str]]:
     return out
 
 
+def _builtin_drivers(hw: hwsim.Hw) -> None:
+    """Drivers built into the kernel bind their devices as the bus registers them, before the
+    initramfs runs anything: no modprobe, so no install command (a claim) runs for them."""
+    for module, driver in sorted(hw.device_modules().items()):
+        if hw.builtin(module):
+            hw.bind_all(driver)
+
+
+def carried_modules(hw: hwsim.Hw, record: dict, listed: list[str]) -> set[str]:
+    """The modules mkinitramfs put in this initramfs, with their dependencies: those of
+    /etc/initramfs-tools/modules and of hooks' manual_add_modules/force_load lines (the record
+    names them), and with MODULES=most what auto_add_modules copies by directory
+    (initramfs-tools hook-functions: kernel/drivers/usb/host, i2c/busses, net, nvme... but
+    neither vfio nor the GPU drivers)."""
+    names = {hwsim.norm(m) for m in [*record.get("modules", []), *listed]}
+    if record.get("modules_policy", "most") == "most":
+        names |= {m for m in hw.device_modules() if _most_carries(m)}
+    carried: set[str] = set()
+    todo = [n for n in names if hw.module_exists(n) or n in hw.device_modules()]
+    while todo:
+        name = todo.pop()
+        if name not in carried:
+            carried.add(name)
+            todo += hwsim.IN_TREE.get(name, {}).get("deps", [])
+    return carried
+
+
+def _most_carries(module: str) -> bool:
+    directory = hwsim.MODULE_DIRS.get(module, "")
+    return directory.startswith(MOST_DIRS) or module in MOST_NAMES
+
+
+# initramfs-tools hook-functions auto_add_modules (base, net, block, scsi, ata, mmc...): the
+# directories it copies whole and the modules it names, as far as the twin's devices go.
+MOST_DIRS = (
+    "kernel/drivers/usb/host",
+    "kernel/drivers/i2c/busses",
+    "kernel/drivers/net",
+    "kernel/drivers/nvme",
+    "kernel/drivers/block",
+    "kernel/drivers/scsi",
+    "kernel/drivers/ata",
+    "kernel/drivers/mmc",
+)
+MOST_NAMES = ("virtio_pci", "virtio_mmio")
+
+
 def _load_modules(hw: hwsim.Hw) -> None:
     conf = hw.modprobe_conf()
     kver = hw.kernel
+    _builtin_drivers(hw)
     # 1. initramfs: its own copy of the module configuration and udev rules
     record = _initramfs(hw, kver)
     if record is not None:
@@ -120,10 +168,14 @@ def _load_modules(hw: hwsim.Hw) -> None:
             if "/udev/rules.d/" in k and k.endswith(".rules")
         }
         hw.install_runner = _initramfs_runner(hw, files)
-        carried = {hwsim.norm(w[0]) for w in listed}
+        carried = carried_modules(hw, record, [w[0] for w in listed])
+        hw.state["initramfs_stage"] = sorted(carried)  # the modprobe shim reads it too
         _coldplug(hw, early_conf, rules, lambda m: hwsim.norm(m) in carried)
         for words in listed:
             _load(hw, words[0], words[1:], early_conf)
+        del hw.state["initramfs_stage"]
+        # what the initramfs had bound before the real root (its keyboard at a prompt)
+        hw.state["initramfs_bindings"] = {b: d for b, d in hw.state["bindings"].items() if d}
     hw.install_runner = None  # the real root: the default runner, chrooted into the twin
     # 2. modules-load
     for word in hw.state["cmdline"].split():
@@ -163,7 +215,7 @@ def _coldplug(hw: hwsim.Hw, conf: dict, rules: dict[str, str], available) -> Non
                 if alias not in conf["blacklist"] and available(alias):
                     _load(hw, alias, [], conf)
         elif dev.get("driver") and dev["driver"] != hwsim.BRIDGE_DRIVER:
-            name = hwsim.norm(dev["driver"])
+            name = hwsim.norm((dev.get("modules") or [dev["driver"]])[0])  # xhci_pci: xhci_hcd
             if name in conf["install"] and available(name):
                 _load(hw, name, [], conf)  # its install command runs, then it binds
             elif hw.driver_override(bdf) in (None, dev["driver"]) and available(name):

@@ -90,6 +90,8 @@ class Supervisor:
                 log(f"boot unit {unit}: exit status {rc}")
         except Exception:
             log(f"boot units failed:\n{traceback.format_exc()}")
+        # what the units wrote to sysfs control files took effect at once on a real kernel
+        self.apply_sysfs_writes()
         if self.profile is not None:
             from twin.pve import api
 

@@ -170,7 +170,8 @@ def modules_loaded(ctx: AuditContext) -> list[Finding]:
 
 @check("modules.files", "modprobe.d and modules-load.d files are the Plan's")
 def modules_files(ctx: AuditContext) -> list[Finding]:
-    # "vfio": the install lines that claim the VMs' functions for vfio-pci at boot
+    # "vfio": the install lines that claim the VMs' functions for vfio-pci at boot, the
+    # initramfs hook that adds vfio-pci there, and the boot unit for built-in/early drivers
     files = [f for f in ctx.plan.files.values() if f.concern in ("modules", "vfio")]
     return file_findings(ctx, files, REDEPLOY)
 

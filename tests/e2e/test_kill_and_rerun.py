@@ -89,6 +89,7 @@ def final_state(root: Path) -> dict[str, object]:
         "etc/gpuhost/*",
         "etc/modprobe.d/gpuhost-*",
         "etc/modules-load.d/gpuhost-*",
+        "etc/initramfs-tools/hooks/gpuhost-*",
         "etc/systemd/system/gpuhost-*",
         "etc/systemd/system/*.wants/gpuhost-*",
         "usr/local/lib/gpuhost/*",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from twin import boot, hwsim
+from twin import boot, boot_modules, hwsim
 from twin import hwtesting as ht
 from twin.hwtesting import read, refresh, state, write
 from twin.profile import Kernel, load_profile
@@ -304,6 +304,34 @@ def test_initramfs_modules_need_update_initramfs_and_refresh(
     write(root, "etc/modprobe.d/vfio.conf", "\n")  # edited, not regenerated: early boot keeps ids=
     ht.boot_root(root, "kpro6")
     assert driver(root, "0000:01:00.0") == "vfio-pci"
+
+
+def test_the_initramfs_carries_what_initramfs_tools_copies(tmp_path: Path) -> None:
+    """modprobe.d yes, modules-load.d no; with MODULES=most the USB host and i2c bus drivers
+    (hook-functions auto_add_modules) but no vfio module unless a hook or the modules list adds
+    it; only executable hooks count."""
+    root = ht.make_root(tmp_path, "kpro6")
+    write(root, "etc/modules-load.d/vfio.conf", "vfio_pci\n")
+    write(root, "etc/modprobe.d/x.conf", "options vfio-pci disable_vga=1\n")
+    hooks = root / "etc/initramfs-tools/hooks"
+    hooks.mkdir(parents=True)
+    (hooks / "vfio").write_text("#!/bin/sh\n. /usr/share/initramfs-tools/hook-functions\n")
+    (hooks / "off").write_text("#!/bin/sh\nmanual_add_modules nouveau\n")  # not executable
+    record = pve_initramfs.initramfs_record(root, KVER)
+    assert "/etc/modprobe.d/x.conf" in record["files"]
+    assert not any("modules-load.d" in f for f in record["files"])
+    assert record["modules"] == [] and record["modules_policy"] == "most"
+    (hooks / "vfio").write_text((hooks / "vfio").read_text() + "manual_add_modules vfio_pci\n")
+    (hooks / "vfio").chmod(0o755)
+    record = pve_initramfs.initramfs_record(root, KVER)
+    assert record["modules"] == ["vfio_pci"]
+    hw = hwsim.Hw(root)
+    hw.state["kernel"] = KVER
+    carried = boot_modules.carried_modules(hw, record, [])
+    assert {"vfio_pci", "vfio_pci_core", "vfio", "irqbypass", "nvme"} <= carried
+    assert not {"nouveau", "nvidia", "snd_hda_intel"} & carried
+    write(root, "etc/initramfs-tools/conf.d/list", "MODULES=list\n")
+    assert pve_initramfs.initramfs_record(root, KVER)["modules_policy"] == "list"
 
 
 # -- the nvidia module refuses what a real host would not survive ---------------------------------------

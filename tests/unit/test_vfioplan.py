@@ -11,6 +11,10 @@ import pytest
 from gpuhost.plan import make_plan
 from gpuhost.spec import HostSpec
 from gpuhost.vfioplan import (
+    CLAIM_SCRIPT,
+    CLAIM_UNIT,
+    CLAIM_WANTS,
+    INITRAMFS_HOOK,
     MODPROBE_CONF,
     VfioBinding,
     board_functions,
@@ -54,13 +58,24 @@ def test_the_vms_boards_and_their_audio_functions_are_claimed() -> None:
     softdeps = [line for line in conf.splitlines() if line.startswith("softdep ")]
     assert softdeps == [f"softdep {m} pre:" for m in plan.vfio.modules]
     insert = insert_command("snd_hda_intel")
-    assert "/sbin/modprobe --ignore-install snd_hda_intel $CMDLINE_OPTS && dep post:" in insert
+    assert "/sbin/modprobe --ignore-install snd_hda_intel && dep post:" in insert
     assert "s/^softdep snd_hda_intel //p" in insert and "#" not in insert
     assert f"for f in {' '.join(FUNCTIONS)}; do" in claim
     assert "0000:41:00.0" not in conf  # the container's GPUs stay with nvidia
     assert "#" not in claim  # modprobe.d would cut the line there
     initramfs = next(f for f in plan.follow_ups if f.name == "initramfs")
     assert MODPROBE_CONF in initramfs.triggers  # the initramfs carries modprobe.d
+    # and vfio-pci, which MODULES=most does not copy, through gpuhost's hook
+    hook = plan.files[INITRAMFS_HOOK]
+    assert INITRAMFS_HOOK in initramfs.triggers and hook.mode == "755"
+    assert hook.content is not None and "\nmanual_add_modules vfio_pci\n" in hook.content
+    # the boot unit that moves what a built-in or early driver took, enabled, before guests
+    unit, script = plan.files[CLAIM_UNIT].content, plan.files[CLAIM_SCRIPT].content
+    assert unit is not None and "Before=pve-guests.service" in unit
+    assert plan.files[CLAIM_WANTS].link == CLAIM_UNIT
+    assert script is not None and f"for f in {' '.join(FUNCTIONS)}; do" in script
+    systemd = next(f for f in plan.follow_ups if f.name == "systemd")
+    assert CLAIM_UNIT in systemd.triggers
 
 
 def test_without_vm_gpus_the_file_is_planned_absent() -> None:
@@ -70,7 +85,8 @@ def test_without_vm_gpus_the_file_is_planned_absent() -> None:
         kpro6(PveGuestConfigs=(0, [])),
     )
     assert plan.vfio is None
-    assert plan.files[MODPROBE_CONF].content is None and not plan.files[MODPROBE_CONF].present
+    for path in (MODPROBE_CONF, INITRAMFS_HOOK, CLAIM_SCRIPT, CLAIM_UNIT, CLAIM_WANTS):
+        assert not plan.files[path].present, path
 
 
 def test_the_vms_boards_on_nvidia_move_live_with_all_their_functions() -> None:
@@ -117,19 +133,33 @@ def test_the_claim_binds_unbound_functions_and_probes_them(tmp_path: Path) -> No
     line = next(
         line for line in modprobe_conf_text(binding).splitlines() if line.startswith("install ")
     )
-    command = line.split(" ", 2)[2].replace("$CMDLINE_OPTS", "NVreg_X=1")
+    # kmod puts the module's options where $CMDLINE_OPTS stood; the inner modprobe reads them
+    # from modprobe.d itself, so the line must not carry them a second time
+    assert "$CMDLINE_OPTS" not in line
+    command = line.split(" ", 2)[2]
     command = command.replace("/sys/", f"{tmp_path}/sys/").replace("/sbin/modprobe", str(stub))
     run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     for bdf in ("0000:c1:00.0", "0000:c1:00.1"):
         assert (sysfs / "devices" / bdf / "driver_override").read_text() == "vfio-pci\n"
-    assert log.read_text() == "vfio-pci\n--ignore-install nvidia NVreg_X=1\n"
+    assert log.read_text() == "vfio-pci\n--ignore-install nvidia\n"
     assert (sysfs / "drivers_probe").read_text() == "0000:c1:00.0\n"  # e1:00.0 is not on the bus
-    stub.write_text(f'#!/bin/sh\necho "$@" >> {log}; exit 1\n')  # vfio-pci cannot load
+    # vfio-pci cannot load (an initramfs without it): the overrides already keep host drivers
+    # off the functions, so the module still loads for the host's own devices
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {log}; [ "$1" != vfio-pci ]\n')
+    log.unlink()
+    (sysfs / "drivers_probe").write_text("")
+    run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert log.read_text() == "vfio-pci\n--ignore-install nvidia\n"
+    assert (sysfs / "drivers_probe").read_text() == ""  # nothing to probe without vfio-pci
+    # an override that cannot be written fails closed: the module is not inserted
+    (sysfs / "devices/0000:c1:00.0/driver_override").unlink()
+    (sysfs / "devices/0000:c1:00.0/driver_override").mkdir()
     log.unlink()
     run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False)
     assert run.returncode == 1
-    assert log.read_text() == "vfio-pci\n"  # and nvidia is not inserted
+    assert not log.exists()
 
 
 def test_a_move_killed_halfway_is_finished_by_the_next_run() -> None:

@@ -73,6 +73,18 @@ IN_TREE: dict[str, dict] = {
         "desc": "nVidia Riva/TNT/GeForce/Quadro/Tesla/Tegra K1+",
     },
 }
+# Where the modules of the profiles' devices live under /lib/modules/<ver>/ (what
+# initramfs-tools' MODULES=most copies goes by directory: boot_modules.py).
+MODULE_DIRS = {
+    "xhci_pci": "kernel/drivers/usb/host",
+    "i2c_nvidia_gpu": "kernel/drivers/i2c/busses",
+    "nvme": "kernel/drivers/nvme/host",
+    "bnxt_en": "kernel/drivers/net/ethernet/broadcom/bnxt",
+    "virtio_pci": "kernel/drivers/virtio",
+    "snd_hda_intel": "kernel/sound/pci/hda",
+    "ast": "kernel/drivers/gpu/drm/ast",
+    **{name: module["path"].rsplit("/", 1)[0] for name, module in IN_TREE.items()},
+}
 # Dependencies among NVIDIA's modules (the real .ko files carry them in depends=).
 NVIDIA_DEPS = {
     "nvidia_uvm": ["nvidia"],

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from .catalog import BRIDGE_DRIVER
 from .kofile import norm
 
 PROFILE = "etc/gpuhost-twin/profile.json"
@@ -77,6 +78,24 @@ class Machine:
 
     def loaded(self, name: str) -> bool:
         return norm(name) in self.modules()
+
+    def device_modules(self) -> dict[str, str]:
+        """{module: the driver it binds as} of the profile's devices: the device's first
+        "Kernel modules" entry (xhci_pci binds as xhci_hcd), else its driver's name."""
+        found: dict[str, str] = {}
+        for d in self.profile["pci_devices"]:
+            driver = d.get("driver")
+            if driver and driver != BRIDGE_DRIVER:
+                found.setdefault(norm((d.get("modules") or [driver])[0]), driver)
+        return found
+
+    def builtin(self, name: str) -> bool:
+        """Whether the booted kernel has the module built in: its modules.builtin lists it
+        (a Proxmox kernel builds xhci_pci as a module: pve-kernel debian/rules,
+        ``-m CONFIG_USB_XHCI_PCI``; a kernel built from another config may not)."""
+        path = self.p(f"lib/modules/{self.kernel}/modules.builtin")
+        lines = path.read_text().split() if self.kernel and path.is_file() else []
+        return norm(name) in {norm(Path(line).name.split(".", 1)[0]) for line in lines}
 
     def kernel_info(self, version: str) -> dict:
         """How a kernel was built: profile entry, else /boot/config-<ver> (CONFIG_CC_VERSION_TEXT)."""

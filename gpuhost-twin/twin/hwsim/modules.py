@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import sysfs_ctl
-from .catalog import BRIDGE_DRIVER, IN_TREE, NVIDIA_DEPS, UVM_PARAMS
+from .catalog import IN_TREE, NVIDIA_DEPS, UVM_PARAMS
 from .kofile import gcc_release, ko_info, norm
 from .machine import STATE, Machine
 
@@ -150,12 +150,23 @@ class KernelModules(Machine):
         conf = conf if conf is not None else self.modprobe_conf()
         if self.loaded(name) or name in _stack:
             return True, ""
+        if self.builtin(name):
+            # kmod_module_probe_insert_module: a built-in module is there already (its
+            # initstate is "builtin"): success, and no install command runs
+            return True, ""
         install, pre, post = self.probe_plan(name, conf, ignore_install)
         if install is not None:
             return self._run_install(name, install, conf, params or [])
+        kver = self.kernel
+        carried = self.state.get("initramfs_stage")
+        if carried is not None and name not in carried:
+            # inside the initramfs only the modules mkinitramfs copied exist (boot_modules.py)
+            return (
+                False,
+                f"modprobe: FATAL: Module {name} not found in directory /lib/modules/{kver}",
+            )
         if name in self._device_drivers() and name not in IN_TREE:
             return self._load_device_driver(name)
-        kver = self.kernel
         ko = None if name in IN_TREE else self.find_ko(name)
         if name not in IN_TREE and ko is None:
             return (
@@ -257,19 +268,13 @@ class KernelModules(Machine):
         return proc.returncode, proc.stdout + proc.stderr
 
     def _device_drivers(self) -> set[str]:
-        """Drivers the profile's devices name (snd_hda_intel, nvme...): loadable modules of
-        the simulated kernel, reached by modprobe only through an install command's
+        """Modules of the profile's devices (snd_hda_intel, nvme, xhci_pci...): loadable
+        modules of the simulated kernel, reached by modprobe only through an install command's
         --ignore-install (otherwise coldplug binds them directly)."""
-        return {
-            norm(d["driver"])
-            for d in self.profile["pci_devices"]
-            if d.get("driver") and d["driver"] != BRIDGE_DRIVER
-        }
+        return set(self.device_modules())
 
     def _load_device_driver(self, name: str) -> tuple[bool, str]:
-        driver = next(
-            d["driver"] for d in self.profile["pci_devices"] if norm(d.get("driver") or "") == name
-        )
+        driver = self.device_modules()[name]
         self.modules()[name] = {
             "path": f"kernel/drivers/{name}.ko",
             "params": {},

@@ -1,11 +1,15 @@
 """update-initramfs (initramfs-tools): the twin's initrd records the module configuration at
 generation time; each generation runs proxmox-boot-sync (stdlib only).
 
-What the record holds, as mkinitramfs would put it in the image: /etc/modprobe.d,
-modules-load.d, /etc/modules and /etc/initramfs-tools (the kmod hook copies modprobe.d); the
-udev rules Debian's udev hook copies (a fixed list, plus /etc/udev/rules.d/*.rules without a
-/usr/lib twin). Files that other hooks would copy (scripts, binaries) are not recorded: an
-install command that names one fails in the initramfs stage (boot_modules.py)."""
+What the record holds, as mkinitramfs would put it in the image: /etc/modprobe.d and
+/etc/initramfs-tools (the kmod hook copies modprobe.d; nothing copies modules-load.d or
+/etc/modules, which only the real root's systemd-modules-load reads); the udev rules Debian's
+udev hook copies (a fixed list, plus /etc/udev/rules.d/*.rules without a /usr/lib twin); the
+MODULES= policy (initramfs.conf, conf.d; "most" by default) and the modules that hooks add by
+name (their manual_add_modules and force_load lines; the hooks are read, not run). Which
+modules MODULES=most adds is decided at boot from the kernel's tree (boot_modules.py). Files
+that other hooks would copy (scripts, binaries) are not recorded: an install command that
+names one fails in the initramfs stage (boot_modules.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ from .esp_sync import refresh
 
 # --- update-initramfs ---
 
-INITRAMFS_SOURCES = ("etc/modprobe.d", "etc/modules-load.d", "etc/modules", "etc/initramfs-tools")
+INITRAMFS_SOURCES = ("etc/modprobe.d", "etc/initramfs-tools")
+HOOK_DIRS = ("usr/share/initramfs-tools/hooks", "etc/initramfs-tools/hooks")
 # systemd's debian/extra/initramfs-tools/hooks/udev: the rules files it copies by name.
 UDEV_RULES = (
     "50-firmware.rules",
@@ -56,6 +61,32 @@ def _udev_rules(root: Path) -> dict[str, str]:
     return files
 
 
+def hook_modules(root: Path) -> list[str]:
+    """Modules the executable hooks add by name (mkinitramfs runs only executable hooks)."""
+    names: list[str] = []
+    for d in HOOK_DIRS:
+        for hook in sorted((root / d).iterdir()) if (root / d).is_dir() else []:
+            if not (hook.is_file() and os.access(hook, os.X_OK)):
+                continue
+            for line in hook.read_text(errors="replace").splitlines():
+                words = line.split("#", 1)[0].split()
+                if words[:1] in (["manual_add_modules"], ["force_load"]):
+                    names += words[1:2] if words[0] == "force_load" else words[1:]
+    return names
+
+
+def modules_policy(root: Path) -> str:
+    """MODULES= of initramfs.conf and then conf.d/* (the last one wins); "most" by default."""
+    policy = "most"
+    conf = root / "etc/initramfs-tools"
+    extra = sorted((conf / "conf.d").glob("*")) if (conf / "conf.d").is_dir() else []
+    for path in [conf / "initramfs.conf", *extra]:
+        for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+            if line.strip().startswith("MODULES="):
+                policy = line.split("=", 1)[1].strip().strip("\"'")
+    return policy
+
+
 def initramfs_record(root: Path, version: str) -> dict[str, object]:
     """What the twin's initrd 'contains': the module configuration at generation time."""
     files: dict[str, str] = {}
@@ -73,6 +104,8 @@ def initramfs_record(root: Path, version: str) -> dict[str, object]:
         "generated_at": time.time(),
         "sha256": digest,
         "files": files,
+        "modules": hook_modules(root),
+        "modules_policy": modules_policy(root),
     }
 
 
