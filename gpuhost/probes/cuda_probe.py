@@ -150,10 +150,10 @@ def enable_peer(cu, dev, peer):
     return "CUDA_SUCCESS" if rc in (SUCCESS, PEER_ALREADY_ENABLED) else result_name(cu.lib, rc)
 
 
-def copy_gbps(cu, dst, dptr, src, sptr, size):
-    """Best of REPEATS timed cuMemcpyPeer src -> dst, both contexts synchronised, in GB/s."""
+def copy_gbps(cu, dst, dptr, src, sptr, size, repeats=REPEATS):
+    """Best of ``repeats`` timed cuMemcpyPeer src -> dst, both contexts synchronised, in GB/s."""
     best = None
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         cu.call("cuCtxSetCurrent", src["_ctx"])
         start = time.perf_counter()
         cu.call("cuMemcpyPeer", dptr, dst["_ctx"], sptr, src["_ctx"], size)
@@ -204,7 +204,7 @@ def pair_check(cu, a, b, sizes, buffers):
         }
     size = max(sizes) if sizes else 0
     timed = size >= TIMED_MIN
-    ptrs, enabled = [], []  # [on a, on b]: for a with itself, two buffers on a
+    ptrs, enabled, capable = [], [], False  # ptrs [on a, on b]: for a with itself, two on a
     try:
         if size:
             ptrs = [(a, alloc(cu, a, size))]
@@ -212,7 +212,8 @@ def pair_check(cu, a, b, sizes, buffers):
         where = {(a["bdf"], b["bdf"]): (0, 1), (b["bdf"], a["bdf"]): (1, 0)}
         if not same:
             can = {(x["bdf"], y["bdf"]): can_access(cu, x, y) for x, y in ends}
-            if timed:  # the reference: no peer access yet, so the driver stages through the host
+            capable = any(can.values())
+            if timed and capable:  # the reference: no peer access yet, so the driver stages
                 for src, dst in ends:
                     s_at, d_at = where[(src["bdf"], dst["bdf"])]
                     records[(src["bdf"], dst["bdf"])]["staged_gbps"] = copy_gbps(
@@ -238,9 +239,17 @@ def pair_check(cu, a, b, sizes, buffers):
                 record["sizes"].append(
                     intact(cu, src, ptrs[s_at][1], dst, ptrs[d_at][1], n, buffers)
                 )
-            if timed:
-                record["gbps"] = copy_gbps(cu, dst, ptrs[d_at][1], src, ptrs[s_at][1], size)
-            if timed and not same:
+            if timed:  # without peer capability the copy is staged anyway: once is enough
+                record["gbps"] = copy_gbps(
+                    cu,
+                    dst,
+                    ptrs[d_at][1],
+                    src,
+                    ptrs[s_at][1],
+                    size,
+                    REPEATS if same or capable else 1,
+                )
+            if timed and capable:
                 record["host_staged"] = record["gbps"] < STAGED_RATIO * record["staged_gbps"]
     except CudaError as exc:
         for record in records.values():
