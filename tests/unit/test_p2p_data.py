@@ -1,13 +1,14 @@
 """The P2P data check on the probe's per-pair evidence (gpuhost/audit/p2p_checks.py): where the
 Plan expects P2P, a pair whose copies ran at host-staged speed, or whose peer access was refused
 (CUDA_ERROR_TOO_MANY_PEERS), fails; where it does not, the same evidence is only recorded.
-The probe output's shape is the real one (tests/twin/test_cuda.py runs the probe on twins;
-tests/fixtures/captures/h200x1-p2p holds it from a real H200).
+The probe output's shape is the one tests/twin/test_cuda.py gets from the probe on twins; the
+parser also reads the real H200's output from before the probe measured bandwidth.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 from facts.cuda import parse_cuda_probe
@@ -98,3 +99,18 @@ def test_a_pair_stopped_by_a_cuda_error_fails_alone():
     assert [(f.subject, f.found) for f in found] == [
         (f"P2P {A} -> {B} on host", "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY")
     ]
+
+
+def test_real_output_from_before_the_bandwidth_fields_parses():
+    """tests/fixtures/captures/h200x1-audit: the probe on a real 1x H200 (2026-12-01)."""
+    out = Path(__file__).parents[1] / "fixtures/captures/h200x1-audit/cuda_probe.out"
+    real = parse_cuda_probe(out.read_text().splitlines())
+    (self_copy,) = real.copies
+    assert (self_copy.src, self_copy.dst, self_copy.peer) == ("0000:00:06.0",) * 2 + (None,)
+    assert self_copy.intact and [n for n, _, _ in self_copy.sizes] == [4096, 1 << 20, 64 << 20]
+    assert (self_copy.enable, self_copy.gbps, self_copy.host_staged, self_copy.error) == (
+        None,
+        None,
+        None,
+        None,
+    )
