@@ -548,7 +548,7 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
  * device -> host buffer -> device, and paces it to the simulated host path's bandwidth
  * (HOST_PATH_BPS, a PCIe-class rate below any peer link): P2P copies run at memcpy speed, far
  * above it, so a probe can tell the two apart by speed as it must on a real host. */
-#define HOST_PATH_BPS 1e9
+#define HOST_PATH_BPS 2e9
 static unsigned char *staging;
 static size_t staging_size;
 
