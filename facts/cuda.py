@@ -19,6 +19,12 @@ class PeerCopy:
     dst: str
     peer: bool | None  # the driver lets them map each other; None: a device with itself
     sizes: tuple[tuple[int, bool, int | None], ...]  # (bytes, intact, first bad offset)
+    # cuCtxEnablePeerAccess's answer src -> dst and dst -> src (None: not capable, not asked)
+    enable: tuple[str | None, str | None] | None = None
+    gbps: float | None = None  # at the largest size; None: no size of a MiB or more
+    staged_gbps: float | None = None  # the same copy before peer access: staged through the host
+    host_staged: bool | None = None  # the copy ran no faster than staged: P2P not really used
+    error: str | None = None  # a CUDA error that stopped this pair's check
 
     @property
     def intact(self) -> bool:
@@ -52,15 +58,7 @@ def parse_cuda_probe(lines: list[str], sizes: tuple[int, ...] = DEFAULT_SIZES) -
     except ValueError:
         # The probe died (a crash inside libcuda, a python too old): that is a finding.
         return CudaView(None, None, None, (), (), error=f"the CUDA probe failed: {text[-400:]}")
-    copies = tuple(
-        PeerCopy(
-            c["from"],
-            c["to"],
-            c["peer"],
-            tuple((s["bytes"], s["ok"], s["first_bad_offset"]) for s in c["sizes"]),
-        )
-        for c in data.get("copies", [])
-    )
+    copies = tuple(_peer_copy(c) for c in data.get("copies", []))
     return CudaView(
         libcuda=data.get("libcuda"),
         init=data.get("init"),
@@ -70,6 +68,21 @@ def parse_cuda_probe(lines: list[str], sizes: tuple[int, ...] = DEFAULT_SIZES) -
         copies=copies,
         error=data.get("error"),
         sizes=tuple(sizes),
+    )
+
+
+def _peer_copy(c: dict[str, Any]) -> PeerCopy:
+    enable = c.get("enable")
+    return PeerCopy(
+        c["from"],
+        c["to"],
+        c["peer"],
+        tuple((s["bytes"], s["ok"], s["first_bad_offset"]) for s in c["sizes"]),
+        enable=(enable[0], enable[1]) if enable else None,
+        gbps=c.get("gbps"),
+        staged_gbps=c.get("staged_gbps"),
+        host_staged=c.get("host_staged"),
+        error=c.get("error"),
     )
 
 

@@ -5,13 +5,18 @@ error, so besides the driver's `topo -p2p r/w` answers the audit copies random b
 every ordered pair of GPUs that share an owner (cuMemcpyPeer, gpuhost/probes/cuda_probe.py) and
 compares them byte for byte, on the host and inside each GPU container. Each result is recorded
 with the IOMMU parameters and domain types that produced it.
+
+A copy between GPUs arrives whether or not P2P carried it (without peer access the driver stages
+it through host memory), so where P2P is expected the probe's per-pair evidence must show it was
+used: peer access enabled in both directions, and a bandwidth above the same copy staged through
+the host (gpuhost/probes/cuda_probe.py measures both).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from facts.cuda import CudaView
+from facts.cuda import CudaView, PeerCopy
 from gpuhost.audit.context import REDEPLOY, AuditContext
 from gpuhost.audit.model import Finding, NotApplicable, check
 
@@ -80,6 +85,45 @@ def topology_findings(ctx: AuditContext) -> list[Finding]:
     return findings
 
 
+def p2p_use_findings(copy: PeerCopy, where: str) -> list[Finding]:
+    """Where P2P is expected: the probe enabled peer access both ways and the copy beat staging."""
+    subject = f"P2P {copy.src} -> {copy.dst} on {where}"
+    if copy.error:
+        return [Finding(subject, "the copy check runs", copy.error, "check dmesg (NVRM, Xid)")]
+    ways = ((copy.src, copy.dst), (copy.dst, copy.src))
+    refused = [
+        f"{a} -> {b}: {name or 'not capable (cuDeviceCanAccessPeer)'}"
+        for (a, b), name in zip(ways, copy.enable or ("CUDA_SUCCESS",) * 2, strict=True)
+        if name != "CUDA_SUCCESS"
+    ]
+    if refused:
+        too_many = any("TOO_MANY_PEERS" in r for r in refused)
+        return [
+            Finding(
+                subject,
+                "peer access enabled in both directions (cuCtxEnablePeerAccess)",
+                "refused " + "; ".join(refused),
+                "a GPU without NVSwitch has at most eight peer connections across all processes: "
+                "stop the workload that holds them and re-run the audit, or give this owner fewer "
+                "GPUs"
+                if too_many
+                else "check the driver and the IOMMU mode (`nvidia-smi topo -p2p r`)",
+            )
+        ]
+    if copy.host_staged:
+        return [
+            Finding(
+                subject,
+                "faster than the same copy staged through host memory",
+                f"{copy.gbps} GB/s with peer access, {copy.staged_gbps} GB/s staged: P2P is not "
+                "used",
+                "check that ACS redirect and the IOMMU leave P2P direct (`lspci -vvv` ACSCtl, "
+                "iommu=pt), and NVLink (`nvidia-smi nvlink -s`), or correct p2p.expected",
+            )
+        ]
+    return []
+
+
 def data_findings(
     ctx: AuditContext, where: str, view: CudaView | None, bdfs: list[str], details: dict[str, Any]
 ) -> list[Finding]:
@@ -107,9 +151,14 @@ def data_findings(
             continue
         record |= {
             "peer_access": copy.peer,
+            "enable": list(copy.enable) if copy.enable else None,
             "sizes": [
                 {"bytes": n, "intact": ok, "first_bad_offset": off} for n, ok, off in copy.sizes
             ],
+            "gbps": copy.gbps,
+            "staged_gbps": copy.staged_gbps,
+            "host_staged": copy.host_staged,
+            "error": copy.error,
         }
         details["copies"].append(record)
         if want is None:
@@ -125,6 +174,8 @@ def data_findings(
                     f"the guests) or give the GPUs identity domains (iommu=pt); {REDEPLOY}",
                 )
             )
+        if src != dst and want and copy.peer:
+            findings += p2p_use_findings(copy, where)
         if src != dst and copy.peer is not want:
             findings.append(
                 Finding(

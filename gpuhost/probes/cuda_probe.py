@@ -6,21 +6,38 @@ so it runs in any guest that has python3). Prints one JSON object:
 - ``libcuda``: the file the loader resolved (its name carries the userspace driver version);
 - ``init``: cuInit's result name ("CUDA_SUCCESS", "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", ...);
 - ``driver_api``: cuDriverGetVersion (e.g. 13000); ``devices``: [{"bdf", "name"}] in CUDA order;
-- ``copies``: for every ordered pair of devices, and each device with itself, whether the driver
-  lets them map each other (``peer``) and, per size, whether a random buffer copied from one to
-  the other with cuMemcpyPeer came back byte for byte (``ok``, first differing offset).
+- ``copies``: for every ordered pair of devices, and each device with itself: whether the driver
+  lets the first map the second (``peer``, cuDeviceCanAccessPeer); what enabling peer access
+  answered in each direction (``enable``: [from -> to, to -> from] result names, None where not
+  capable); per size, whether a random buffer copied with cuMemcpyPeer came back byte for byte
+  (``ok``, first differing offset); the copy's bandwidth at the largest size (``gbps``), the same
+  copy measured before peer access was enabled, which the driver stages through host memory
+  (``staged_gbps``), and ``host_staged``: the copy ran no faster than that, so peer access was not
+  really used; ``error``: a CUDA error that stopped this pair (the other pairs still run).
+
+Peer access is enabled in both directions before a pair's copies and disabled after them, so the
+probe itself never holds more than one pair's peer connections: a refusal such as
+CUDA_ERROR_TOO_MANY_PEERS ("the hardware resources required to enable peer access have been
+exhausted", cuda.h; the runtime's cudaErrorTooManyPeers) is this pair's result, not the probe's end.
 
 The copy check exists because P2P failed on a real host as silent data corruption (SEV-SNP with
-translated IOMMU domains), not as an error: a capability flag would have said "OK".
+translated IOMMU domains), not as an error: a capability flag would have said "OK". The
+bandwidth check exists because a copy between devices always arrives, P2P or not: the CUDA
+programming guide says that only with peer access enabled does a peer copy "no longer need to be
+staged through the host", so speed is what shows that P2P carried it.
 """
 
 import ctypes
 import json
 import os
 import sys
+import time
 
 SUCCESS = 0
 PEER_ALREADY_ENABLED = 704
+TIMED_MIN = 1 << 20  # below a MiB a copy's time is its latency: no bandwidth is judged
+REPEATS = 5  # the best of these: one preempted copy does not make a pair look staged
+STAGED_RATIO = 1.2  # a peer copy must beat the host-staged one by this much to count as P2P
 
 
 def result_name(cuda, rc):
@@ -50,6 +67,7 @@ class Cuda:
         lib.cuMemFree_v2.argtypes = [u64]
         lib.cuCtxSetCurrent.argtypes = [ptr]
         lib.cuCtxEnablePeerAccess.argtypes = [ptr, ctypes.c_uint]
+        lib.cuCtxDisablePeerAccess.argtypes = [ptr]
 
     def call(self, fn, *args):
         rc = getattr(self.lib, fn)(*args)
@@ -119,40 +137,131 @@ class Buffers:
         return None
 
 
-def copy_check(cu, src, dst, sizes, buffers):
-    """Copy the random buffer src -> dst device by cuMemcpyPeer and read it back, per size."""
-    result = {"from": src["bdf"], "to": dst["bdf"], "peer": None, "sizes": []}
-    if src is not dst:
-        can = ctypes.c_int()
-        cu.call("cuDeviceCanAccessPeer", ctypes.byref(can), src["_dev"], dst["_dev"])
-        result["peer"] = bool(can.value)
-        if can.value:
-            cu.call("cuCtxSetCurrent", src["_ctx"])
-            rc = cu.lib.cuCtxEnablePeerAccess(dst["_ctx"], 0)
-            if rc not in (SUCCESS, PEER_ALREADY_ENABLED):
-                raise CudaError("cuCtxEnablePeerAccess", result_name(cu.lib, rc))
-    for size in sizes:
-        a, b = ctypes.c_uint64(), ctypes.c_uint64()
+def can_access(cu, dev, peer):
+    can = ctypes.c_int()
+    cu.call("cuDeviceCanAccessPeer", ctypes.byref(can), dev["_dev"], peer["_dev"])
+    return bool(can.value)
+
+
+def enable_peer(cu, dev, peer):
+    """Let dev's context map peer's memory; the result's name (already enabled counts as done)."""
+    cu.call("cuCtxSetCurrent", dev["_ctx"])
+    rc = cu.lib.cuCtxEnablePeerAccess(peer["_ctx"], 0)
+    return "CUDA_SUCCESS" if rc in (SUCCESS, PEER_ALREADY_ENABLED) else result_name(cu.lib, rc)
+
+
+def copy_gbps(cu, dst, dptr, src, sptr, size, repeats=REPEATS):
+    """Best of ``repeats`` timed cuMemcpyPeer src -> dst, both contexts synchronised, in GB/s."""
+    best = None
+    for _ in range(repeats):
         cu.call("cuCtxSetCurrent", src["_ctx"])
-        cu.call("cuMemAlloc_v2", ctypes.byref(a), size)
+        start = time.perf_counter()
+        cu.call("cuMemcpyPeer", dptr, dst["_ctx"], sptr, src["_ctx"], size)
+        cu.call("cuCtxSynchronize")
         cu.call("cuCtxSetCurrent", dst["_ctx"])
-        cu.call("cuMemAlloc_v2", ctypes.byref(b), size)
-        try:
-            ctypes.memset(buffers.back, 0, size)
-            cu.call("cuCtxSetCurrent", src["_ctx"])
-            cu.call("cuMemcpyHtoD_v2", a.value, buffers.src, size)
-            cu.call("cuMemcpyPeer", b.value, dst["_ctx"], a.value, src["_ctx"], size)
-            cu.call("cuCtxSynchronize")
-            cu.call("cuCtxSetCurrent", dst["_ctx"])
-            cu.call("cuMemcpyDtoH_v2", buffers.back, b.value, size)
-            first = buffers.first_difference(size)
-            result["sizes"].append({"bytes": size, "ok": first is None, "first_bad_offset": first})
-        finally:
-            cu.call("cuCtxSetCurrent", src["_ctx"])
-            cu.lib.cuMemFree_v2(a.value)
-            cu.call("cuCtxSetCurrent", dst["_ctx"])
-            cu.lib.cuMemFree_v2(b.value)
-    return result
+        cu.call("cuCtxSynchronize")
+        took = time.perf_counter() - start
+        best = took if best is None else min(best, took)
+    return round(size / max(best, 1e-9) / 1e9, 2)
+
+
+def intact(cu, src, sptr, dst, dptr, size, buffers):
+    """Copy the random buffer src -> dst and read it back: (ok, first bad offset)."""
+    ctypes.memset(buffers.back, 0, size)
+    cu.call("cuCtxSetCurrent", src["_ctx"])
+    cu.call("cuMemcpyHtoD_v2", sptr, buffers.src, size)
+    cu.call("cuMemcpyPeer", dptr, dst["_ctx"], sptr, src["_ctx"], size)
+    cu.call("cuCtxSynchronize")
+    cu.call("cuCtxSetCurrent", dst["_ctx"])
+    cu.call("cuMemcpyDtoH_v2", buffers.back, dptr, size)
+    first = buffers.first_difference(size)
+    return {"bytes": size, "ok": first is None, "first_bad_offset": first}
+
+
+def alloc(cu, dev, size):
+    ptr = ctypes.c_uint64()
+    cu.call("cuCtxSetCurrent", dev["_ctx"])
+    cu.call("cuMemAlloc_v2", ctypes.byref(ptr), size)
+    return ptr.value
+
+
+def pair_check(cu, a, b, sizes, buffers):
+    """Both directions between a and b (or a with itself): records for (a, b) and (b, a)."""
+    same = a is b
+    ends = [(a, b)] if same else [(a, b), (b, a)]
+    records = {}
+    for src, dst in ends:
+        records[(src["bdf"], dst["bdf"])] = {
+            "from": src["bdf"],
+            "to": dst["bdf"],
+            "peer": None,
+            "enable": None,
+            "sizes": [],
+            "gbps": None,
+            "staged_gbps": None,
+            "host_staged": None,
+            "error": None,
+        }
+    size = max(sizes) if sizes else 0
+    timed = size >= TIMED_MIN
+    ptrs, enabled, capable = [], [], False  # ptrs [on a, on b]: for a with itself, two on a
+    try:
+        if size:
+            ptrs = [(a, alloc(cu, a, size))]
+            ptrs.append((b, alloc(cu, b, size)))
+        where = {(a["bdf"], b["bdf"]): (0, 1), (b["bdf"], a["bdf"]): (1, 0)}
+        if not same:
+            can = {(x["bdf"], y["bdf"]): can_access(cu, x, y) for x, y in ends}
+            capable = any(can.values())
+            if timed and capable:  # the reference: no peer access yet, so the driver stages
+                for src, dst in ends:
+                    s_at, d_at = where[(src["bdf"], dst["bdf"])]
+                    records[(src["bdf"], dst["bdf"])]["staged_gbps"] = copy_gbps(
+                        cu, dst, ptrs[d_at][1], src, ptrs[s_at][1], size
+                    )
+            answers = {}
+            for x, y in ends:
+                if can[(x["bdf"], y["bdf"])]:
+                    answers[(x["bdf"], y["bdf"])] = enable_peer(cu, x, y)
+                    if answers[(x["bdf"], y["bdf"])] == "CUDA_SUCCESS":
+                        enabled.append((x, y))
+            for src, dst in ends:
+                record = records[(src["bdf"], dst["bdf"])]
+                record["peer"] = can[(src["bdf"], dst["bdf"])]
+                record["enable"] = [
+                    answers.get((src["bdf"], dst["bdf"])),
+                    answers.get((dst["bdf"], src["bdf"])),
+                ]
+        for src, dst in ends:
+            record = records[(src["bdf"], dst["bdf"])]
+            s_at, d_at = where[(src["bdf"], dst["bdf"])] if size else (None, None)
+            for n in sizes:
+                record["sizes"].append(
+                    intact(cu, src, ptrs[s_at][1], dst, ptrs[d_at][1], n, buffers)
+                )
+            if timed:  # without peer capability the copy is staged anyway: once is enough
+                record["gbps"] = copy_gbps(
+                    cu,
+                    dst,
+                    ptrs[d_at][1],
+                    src,
+                    ptrs[s_at][1],
+                    size,
+                    REPEATS if same or capable else 1,
+                )
+            if timed and capable:
+                record["host_staged"] = record["gbps"] < STAGED_RATIO * record["staged_gbps"]
+    except CudaError as exc:
+        for record in records.values():
+            record["error"] = str(exc)
+    finally:
+        for x, y in enabled:  # the next pair starts from none, and the probe holds no slots
+            cu.lib.cuCtxSetCurrent(x["_ctx"])
+            cu.lib.cuCtxDisablePeerAccess(y["_ctx"])
+        for dev, ptr in ptrs:
+            cu.lib.cuCtxSetCurrent(dev["_ctx"])
+            cu.lib.cuMemFree_v2(ptr)
+    return records
 
 
 def probe(sizes):
@@ -182,9 +291,11 @@ def probe(sizes):
         found = devices(cu)
         out["devices"] = [{"bdf": d["bdf"], "name": d["name"]} for d in found]
         buffers = Buffers(max(sizes) if sizes else 0)
-        for src in found:
-            for dst in found:
-                out["copies"].append(copy_check(cu, src, dst, sizes, buffers))
+        records = {}
+        for i, a in enumerate(found):
+            for b in found[i:]:
+                records.update(pair_check(cu, a, b, sizes, buffers))
+        out["copies"] = [records[(src["bdf"], dst["bdf"])] for src in found for dst in found]
     except CudaError as exc:
         out["error"] = str(exc)
     return out

@@ -2,16 +2,19 @@
 twin's stand-in libcuda (gpuhost-twin/twin/libcuda), on the twin host over SSH and in real LXC
 guests through `pct exec`. Each fault is planted the way it happens on a real host: a stale uvm
 major in raw cgroup rules, a guest userspace of another driver version, uvm_disable_hmm left N,
-P2P DMA on an SEV-SNP host with translated IOMMU domains.
+P2P DMA on an SEV-SNP host with translated IOMMU domains, a pair without peer access whose copies
+the driver stages through host memory, a GPU whose peer connections another process has used up.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from facts.nvidia import NvidiaUserspace, parse_userspace
 from twin import driver
@@ -23,11 +26,12 @@ LIB = f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}"
 SNP_GPUS = ["0000:43:00.0", "0000:44:00.0", "0000:c3:00.0", "0000:c4:00.0"]
 HMM = "/etc/modprobe.d/nvidia-uvm.conf"
 USERSPACE = NvidiaUserspace().command()
+TIMED = "4096 8388608"  # a size of a MiB or more: the probe measures bandwidth
 
 
-def probe_host(twin: TwinHandle, env: str = "") -> dict:
+def probe_host(twin: TwinHandle, env: str = "", sizes: str = "4096 65536") -> dict:
     (twin.root / "root/cuda_probe.py").write_text(PROBE.read_text())
-    rc, out, err = twin.run(f"{env} python3 /root/cuda_probe.py 4096 65536")
+    rc, out, err = twin.run(f"{env} python3 /root/cuda_probe.py {sizes}")
     assert rc == 0, err
     return json.loads(out)
 
@@ -60,6 +64,10 @@ def copies(result: dict) -> dict[tuple[str, str], tuple[bool | None, bool]]:
         (c["from"], c["to"]): (c["peer"], all(s["ok"] for s in c["sizes"]))
         for c in result["copies"]
     }
+
+
+def by_pair(result: dict) -> dict[tuple[str, str], dict]:
+    return {(c["from"], c["to"]): c for c in result["copies"]}
 
 
 def deploy_gpus(twin: TwinHandle, gpus: int, hmm: bool) -> None:
@@ -109,6 +117,20 @@ def test_deployed_host_sees_every_gpu_and_copies_over_nvlink(h200: TwinHandle) -
         (b, b): (None, True),
     }
     assert h200.run("nvidia-smi -L")[0] == 0  # libnvidia-ml matches the kernel driver
+
+
+def test_peer_access_is_enabled_both_ways_and_copies_beat_host_staging(h200: TwinHandle) -> None:
+    result = probe_host(h200, sizes=TIMED)
+    a, b = "0000:00:06.0", "0000:00:07.0"
+    pairs = by_pair(result)
+    for there in ((a, b), (b, a)):
+        copy = pairs[there]
+        assert copy["enable"] == ["CUDA_SUCCESS", "CUDA_SUCCESS"], copy
+        assert copy["gbps"] > copy["staged_gbps"] > 0, copy
+        assert (copy["host_staged"], copy["error"]) == (False, None)
+    assert pairs[(a, a)]["gbps"] > 0 and pairs[(a, a)]["host_staged"] is None
+    # the probe gave its peer connections back: none is held once it ended
+    assert h200.run("cat /run/gpuhost-twin-peers/* 2>/dev/null")[1] == ""
 
 
 def test_hidden_devices_give_no_device_like_the_capture(h200: TwinHandle) -> None:
@@ -187,6 +209,18 @@ def test_snp_peer_copies_corrupt_and_staged_copies_do_not(snp: TwinHandle) -> No
     assert [s["first_bad_offset"] for s in bad["sizes"]] == [256, 256]
 
 
+def test_pair_without_peer_access_runs_at_host_staged_speed(snp: TwinHandle) -> None:
+    g0, g1, g2, _ = SNP_GPUS
+    pairs = by_pair(probe_host(snp, sizes=TIMED))
+    staged = pairs[(g0, g2)]  # NS across the sockets: cuMemcpyPeer stages through the host
+    assert (staged["peer"], staged["enable"], staged["error"]) == (False, [None, None], None)
+    assert staged["host_staged"] is None  # nothing to judge: P2P was never possible here
+    p2p = pairs[(g0, g1)]
+    assert (p2p["enable"], p2p["host_staged"]) == (["CUDA_SUCCESS", "CUDA_SUCCESS"], False)
+    # the NS pair's copies run at the speed of g0 <-> g1's own copy before peer access
+    assert staged["gbps"] < 1.2 * p2p["staged_gbps"] and p2p["gbps"] > 2 * staged["gbps"]
+
+
 def test_guest_with_hmm_enabled_gets_cuda_error_999(snp: TwinHandle) -> None:
     start_ct(snp, CT_TWO_GPUS, CONF_TWO_GPUS)
     result = probe_guest(snp, CT_TWO_GPUS)
@@ -237,3 +271,92 @@ def test_stale_uvm_major_in_raw_rules_is_cuda_error_999(snp: TwinHandle) -> None
     start_ct(snp, CT_RAW, CONF_RAW.format(uvm=live))  # the deploy's fix: the live major
     result = probe_guest(snp, CT_RAW)
     assert (result["init"], [d["bdf"] for d in result["devices"]]) == ("CUDA_SUCCESS", SNP_GPUS[:1])
+
+
+# -- ten PCIe GPUs, no NVSwitch: eight peer connections per GPU at most ------------------------
+
+HOLD = """\
+import ctypes, sys, time
+cu = ctypes.CDLL("libcuda.so.1")
+cu.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+cu.cuCtxEnablePeerAccess.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+assert cu.cuInit(0) == 0
+ctx = [ctypes.c_void_p() for _ in range(9)]
+for i, c in enumerate(ctx):
+    cu.cuDevicePrimaryCtxRetain(ctypes.byref(c), i)
+cu.cuCtxSetCurrent(ctx[0])
+print([cu.cuCtxEnablePeerAccess(c, 0) for c in ctx[1:]], flush=True)
+time.sleep(600)
+"""
+
+
+def pcie10_profile(path: Path) -> Path:
+    """h200x2's machine with ten GPUs behind PCIe switches, P2P OK between all, no NVSwitch."""
+    data = yaml.safe_load(
+        (Path(PROBE).parents[2] / "gpuhost-twin/twin/profiles/h200x2.yaml").read_text()
+    )
+    template_dev = next(d for d in data["pci_devices"] if d["vendor"] == "10de")
+    data["pci_devices"] = [d for d in data["pci_devices"] if d["vendor"] != "10de"]
+    template, gpus = data["gpus"][0], []
+    for i in range(10):
+        bdf = f"0000:00:{6 + i:02x}.0"
+        data["pci_devices"].append({**template_dev, "bdf": bdf})
+        gpus.append(
+            {
+                **template,
+                "bdf": bdf,
+                "uuid": f"GPU-00000000-0000-0000-0000-0000000000{i:02d}",
+                "serial": f"16537240000{i:02d}",
+                "module_id": str(i + 1),
+                "board_id": hex(6 + i),
+            }
+        )
+    data["gpus"] = gpus
+    cell = lambda same, other: [[same if r == c else other for c in range(10)] for r in range(10)]  # noqa: E731
+    data["topology"] = {
+        "links": cell("X", "PIX"),
+        "p2p": {m: cell("X", "OK" if m != "p" else "NS") for m in ("r", "w", "n", "a", "p")},
+    }
+    data["name"] = data["hostname"] = "pcie10"
+    data["description"] = "ten GPUs behind PCIe switches, P2P OK, no NVSwitch"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pcie10(twin_fleet, tmp_path_factory) -> TwinHandle:
+    profile = pcie10_profile(tmp_path_factory.mktemp("pcie10") / "pcie10.yaml")
+    handle = twin_fleet.start(1, str(profile))[0]
+    deploy_gpus(handle, 10, hmm=True)
+    yield handle
+    twin_fleet.stop(handle)
+
+
+def test_too_many_peers_is_one_pairs_result(pcie10: TwinHandle) -> None:
+    """Another process holds GPU0's eight peer connections (1-8): GPU0 <-> GPU9 cannot be
+    enabled, that pair's copies run staged, and every other pair is still checked."""
+    (pcie10.root / "root/hold.py").write_text(HOLD)
+    rc, pid, err = pcie10.run(
+        "setsid python3 /root/hold.py >/root/hold.out 2>&1 </dev/null & echo $!"
+    )
+    assert rc == 0, err
+    try:
+        for _ in range(100):
+            if pcie10.run("cat /root/hold.out")[1]:
+                break
+            time.sleep(0.1)
+        assert pcie10.run("cat /root/hold.out")[1] == "[0, 0, 0, 0, 0, 0, 0, 0]\n"
+        result = probe_host(pcie10, sizes=TIMED)
+    finally:
+        pcie10.run(f"kill {int(pid)}")
+    assert result["error"] is None
+    gpus = [d["bdf"] for d in result["devices"]]
+    pairs = by_pair(result)
+    refused = {k for k, c in pairs.items() if c["enable"] and "CUDA_SUCCESS" not in c["enable"]}
+    assert refused == {(gpus[0], gpus[9]), (gpus[9], gpus[0])}
+    for there in refused:
+        assert pairs[there]["enable"] == ["CUDA_ERROR_TOO_MANY_PEERS"] * 2
+        assert pairs[there]["host_staged"] is True and pairs[there]["error"] is None
+        assert all(s["ok"] for s in pairs[there]["sizes"])
+    others = [c for k, c in pairs.items() if k[0] != k[1] and k not in refused]
+    assert len(others) == 88 and not [c for c in others if c["host_staged"] or c["error"]]

@@ -11,15 +11,18 @@
  * Built per driver version by twin/userspace.py with -DTWIN_VERSION="580.159.04"
  * -DTWIN_DRIVER_API=13000; C11 + POSIX only, so it links against an older glibc too.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TWIN_RM "/proc/driver/gpuhost-twin-rm"
@@ -44,6 +47,7 @@ enum {
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
     CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
+    CUDA_ERROR_TOO_MANY_PEERS = 711,
     CUDA_ERROR_SYSTEM_NOT_READY = 802,
     CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803,
     CUDA_ERROR_UNKNOWN = 999,
@@ -64,6 +68,8 @@ static const struct { int code; const char *name, *text; } ERRORS[] = {
      "peer access is already enabled"},
     {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
      "peer access has not been enabled"},
+    {CUDA_ERROR_TOO_MANY_PEERS, "CUDA_ERROR_TOO_MANY_PEERS",
+     "peer mapping resources exhausted"},
     {CUDA_ERROR_SYSTEM_NOT_READY, "CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"},
     {CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
      "system has unsupported display driver / cuda driver combination"},
@@ -97,6 +103,7 @@ struct rm {
     struct gpu gpus[MAX_GPUS];
     int p2p_ok[MAX_GPUS][MAX_GPUS], corrupts[MAX_GPUS][MAX_GPUS];
     int fabric_pending; /* NVSwitch board whose fabric manager has not configured it yet */
+    int nvswitch;       /* the board has NVSwitches (the RM file has a fabric line) */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -129,6 +136,7 @@ static int read_rm(void) {
         if (sscanf(line, "version %63s", rm.version) == 1) continue;
         if (sscanf(line, "uvm_major %d", &rm.uvm_major) == 1) continue;
         if (strncmp(line, "fabric ", 7) == 0) {
+            rm.nvswitch = 1;
             rm.fabric_pending = strcmp(line + 7, "completed") != 0;
             continue;
         }
@@ -382,6 +390,68 @@ EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
     return CUDA_SUCCESS;
 }
 
+/* Peer connections are a per-device hardware resource shared by every process: "on
+ * non-NVSwitch enabled systems, each device can support a system-wide maximum of eight peer
+ * connections" (CUDA C++ Programming Guide, Peer-to-Peer Memory Access); past it
+ * cuCtxEnablePeerAccess returns CUDA_ERROR_TOO_MANY_PEERS, "the hardware resources required to
+ * enable peer access have been exhausted for one or more of the devices" (cuda.h). The twin's RM
+ * keeps that table system-wide as one file per process under PEERS_DIR ("BDF BDF" per enabled
+ * mapping); a file whose process is gone holds nothing, as the real driver frees a dead
+ * process's mappings. */
+#define PEERS_DIR "/run/gpuhost-twin-peers"
+#define MAX_PEERS 8
+
+static void save_peers(void) {
+    char path[64], tmp[80];
+    FILE *f;
+    mkdir(PEERS_DIR, 0755);
+    snprintf(path, sizeof path, PEERS_DIR "/%d", (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (!(f = fopen(tmp, "w"))) return;
+    for (int d = 0; d < ndev; d++)
+        for (int p = 0; p < ndev; p++)
+            if (gpu_of(d)->ctx.peer[p]) fprintf(f, "%s %s\n", gpu_of(d)->bdf, gpu_of(p)->bdf);
+    fclose(f);
+    rename(tmp, path);
+}
+
+/* Marks in seen[] (by rm index) every GPU that holds a peer connection with `bdf`, in any live
+ * process (this one included, through its saved file). */
+static void connected(const char *bdf, int *seen) {
+    DIR *dir = opendir(PEERS_DIR);
+    struct dirent *e;
+    char path[300], a[32], b[32];
+    if (!dir) return;
+    while ((e = readdir(dir))) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        FILE *f;
+        if (end == e->d_name || *end || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
+        snprintf(path, sizeof path, PEERS_DIR "/%s", e->d_name);
+        if (!(f = fopen(path, "r"))) continue;
+        while (fscanf(f, "%31s %31s", a, b) == 2) {
+            int i = strcmp(a, bdf) == 0 ? rm_index(b) : strcmp(b, bdf) == 0 ? rm_index(a) : -1;
+            if (i >= 0) seen[i] = 1;
+        }
+        fclose(f);
+    }
+    closedir(dir);
+}
+
+/* Would a new connection between a and b pass one device's limit? */
+static int too_many_peers(const struct gpu *a, const struct gpu *b) {
+    const struct gpu *ends[2] = {a, b};
+    if (rm.nvswitch) return 0;
+    for (int k = 0; k < 2; k++) {
+        int seen[MAX_GPUS] = {0}, n = 0;
+        connected(ends[k]->bdf, seen);
+        if (seen[rm_index(ends[1 - k]->bdf)]) continue; /* already connected: no new slot */
+        for (int i = 0; i < rm.ngpus; i++) n += seen[i];
+        if (n >= MAX_PEERS) return 1;
+    }
+    return 0;
+}
+
 EXPORT CUresult cuCtxEnablePeerAccess(struct ctx *peer, unsigned int flags) {
     if (ready()) return ready();
     if (!current) return CUDA_ERROR_INVALID_CONTEXT;
@@ -391,7 +461,18 @@ EXPORT CUresult cuCtxEnablePeerAccess(struct ctx *peer, unsigned int flags) {
     if (!rm.p2p_ok[dev_rm[current->dev]][dev_rm[peer->dev]])
         return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
     if (current->peer[peer->dev]) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    if (too_many_peers(gpu_of(current->dev), gpu_of(peer->dev))) return CUDA_ERROR_TOO_MANY_PEERS;
     current->peer[peer->dev] = 1;
+    save_peers();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDisablePeerAccess(struct ctx *peer) {
+    if (ready()) return ready();
+    if (!current || !peer || !is_ctx(peer)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!current->peer[peer->dev]) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    current->peer[peer->dev] = 0;
+    save_peers();
     return CUDA_SUCCESS;
 }
 
@@ -460,16 +541,53 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 
 /* Between two devices with peer access enabled the copy is a P2P DMA; where the machine's P2P
  * DMA corrupts (SEV-SNP, translated IOMMU domains), one byte per 4 KiB page arrives flipped.
- * Without peer access the driver stages the copy through host memory and it stays correct. */
+ * Without peer access (never enabled, or refused) the driver stages the copy through host
+ * memory: "if peer-to-peer access is enabled between two devices ... peer-to-peer memory copy
+ * between these two devices no longer needs to be staged through the host and is therefore
+ * faster" (CUDA C++ Programming Guide, Peer-to-Peer Memory Copy). The twin stages it for real,
+ * device -> host buffer -> device, and paces it to the simulated host path's bandwidth
+ * (HOST_PATH_BPS, a PCIe-class rate below any peer link): P2P copies run at memcpy speed, far
+ * above it, so a probe can tell the two apart by speed as it must on a real host. */
+#define HOST_PATH_BPS 2e9
+static unsigned char *staging;
+static size_t staging_size;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static CUresult staged_copy(unsigned char *out, const unsigned char *in, size_t n) {
+    double start = now(), left;
+    pthread_mutex_lock(&lock);
+    if (staging_size < n) {
+        unsigned char *grown = realloc(staging, n);
+        if (!grown) return pthread_mutex_unlock(&lock), CUDA_ERROR_OUT_OF_MEMORY;
+        staging = grown, staging_size = n;
+    }
+    memcpy(staging, in, n);
+    memcpy(out, staging, n);
+    pthread_mutex_unlock(&lock);
+    left = (double)n / HOST_PATH_BPS - (now() - start);
+    if (left > 0) {
+        struct timespec t = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+        while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, struct ctx *dctx, CUdeviceptr src,
                              struct ctx *sctx, size_t n) {
     unsigned char *out = (unsigned char *)(uintptr_t)dst;
     if (ready()) return ready();
     if (!dctx || !sctx || !is_ctx(dctx) || !is_ctx(sctx)) return CUDA_ERROR_INVALID_CONTEXT;
     if (!range(dst, n) || !range(src, n)) return CUDA_ERROR_INVALID_VALUE;
+    if (dctx != sctx && !sctx->peer[dctx->dev] && !dctx->peer[sctx->dev])
+        return staged_copy(out, (const unsigned char *)(uintptr_t)src, n);
     memmove(out, (const void *)(uintptr_t)src, n);
-    if (dctx != sctx && (sctx->peer[dctx->dev] || dctx->peer[sctx->dev]) &&
-        rm.corrupts[dev_rm[sctx->dev]][dev_rm[dctx->dev]])
+    if (dctx != sctx && rm.corrupts[dev_rm[sctx->dev]][dev_rm[dctx->dev]])
         for (size_t i = 256; i < n; i += 4096) out[i] ^= 0xFF;
     return CUDA_SUCCESS;
 }
