@@ -18,7 +18,7 @@ from pyinfra.api import deploy, operation
 from deploys.context import observed
 from deploys.ops import apply_files
 from gpuhost.plan import Plan
-from gpuhost.trialboot import settle_commands
+from gpuhost.trialparams import settle_commands
 from gpuhost.trialstate import Step
 
 

@@ -34,7 +34,7 @@ from gpuhost.audit.gate import run_gate
 from gpuhost.guestpower import GuestPower
 from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
 from gpuhost.plan import STATE_DIR, FollowUp, Plan
-from gpuhost.trialboot import TRIAL_MARK, settle_commands
+from gpuhost.trialparams import TRIAL_MARK, settle_commands
 from gpuhost.trialstate import RECORD, Step, TrialRecord, failed_message
 
 JOURNAL = "journalctl -b -1 -k -n 40 --no-pager -o short-monotonic 2>/dev/null"

@@ -10,7 +10,7 @@ from gpuhost import bootconf
 from gpuhost.hostfacts import HostFacts
 from gpuhost.iommu import plan_iommu
 from gpuhost.spec import HostSpec
-from gpuhost.trialboot import trial_cmdline_names
+from gpuhost.trialparams import trial_cmdline_names
 
 
 def loader_files(facts: HostFacts, loader: str) -> dict[str, str]:

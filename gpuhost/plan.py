@@ -43,7 +43,8 @@ from gpuhost.split import (
     owner_of_guest,
     slot,
 )
-from gpuhost.trialboot import TrialBoot, panic_sysctls, trial_cmdline_names, trial_entry_method
+from gpuhost.trialboot import TrialBoot, trial_entry_method
+from gpuhost.trialparams import panic_sysctls, trial_cmdline_names
 from gpuhost.trialplan import plan_trial
 from gpuhost.trialstate import Step
 from gpuhost.userspaceplan import (

@@ -13,25 +13,37 @@ Mechanics and sources: shared/trial-boot.md (section numbers below refer to it).
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 
 from facts.boot import (
     BOOT_UUIDS,
-    EFIVARS,
     GRUB_CFG,
     GRUBENV,
-    LOADER_GUID,
     NEXT_BOOT_PIN,
     BootPathInfo,
 )
 from facts.proxmox import BootToolStatus
 from gpuhost.grammar import KERNEL_RE
+from gpuhost.trialentry import TRIAL_ENTRY, trial_entry_steps
+from gpuhost.trialesp import (
+    default_is,
+    efivar,
+    efivar_is,
+    free_at_least,
+    grub_default_is,
+    grub_entry,
+    grub_has,
+    next_entry_is,
+    no_next_entry,
+    on_esp,
+    sh_quote,
+    systemd_boot_entry,
+)
+from gpuhost.trialparams import trial_cmdline
 
 METHODS = ("systemd-boot", "grub-esp", "grub", "grub-no-oneshot", "unsupported", "unknown")
 APPLICABLE = ("systemd-boot", "grub-esp", "grub", "grub-no-oneshot")
 
-ESP_MOUNTS = "/run/gpuhost/esp"  # never /var/tmp/espmounts: proxmox-boot-tool mounts there
 MIB = 1024 * 1024
 # Room for one more kernel: a PVE vmlinuz is ~15 MiB, its initramfs (with nvidia) up to ~120 MiB.
 MIN_BOOT_FREE = 300 * MIB
@@ -44,66 +56,6 @@ WAYS_OUT = (
     "kernel.trial.without_oneshot: true to accept that a new kernel that panics or hangs before "
     "userspace keeps booting until someone at the console or IPMI picks the old kernel"
 )
-
-
-# On the trial boot's command line only, so a boot that came up through the trial entry can be
-# told from the fallback even when both run the same kernel. The kernel ignores an unknown
-# parameter with a dot in its name (init/main.c unknown_bootoption: "Unused module parameter"),
-# so it reaches neither a module nor init.
-TRIAL_MARK = "gpuhost.trial=1"
-# systemd-boot's trial-only entry and the directory beside it that holds its kernel and
-# initramfs: proxmox-boot-tool only writes and deletes proxmox-<kver>.conf and EFI/proxmox/<kver>
-# (trial-boot.md §3), so a refresh never touches them and the proxmox-* default never picks them.
-TRIAL_ENTRY = "gpuhost-trial.conf"
-TRIAL_ESP_DIR = "EFI/gpuhost-trial"
-# The trial's initramfs, built by mkinitramfs beside the one update-initramfs keeps: the
-# fallback's own initramfs stays as it was until the gate passed.
-TRIAL_INITRD_DIR = "/boot/gpuhost-trial"
-# The live sysctls the panic parameters set (Documentation/admin-guide/sysctl/kernel.rst:
-# panic_on_oops, softlockup_panic, hardlockup_panic, hung_task_panic); the commit puts them back.
-PANIC_SYSCTLS = {
-    "oops": ("panic_on_oops", "panic"),
-    "softlockup_panic": ("softlockup_panic", "1"),
-    "nmi_watchdog": ("hardlockup_panic", "panic"),
-    "hung_task_panic": ("hung_task_panic", "1"),
-}
-
-
-def trial_cmdline(panic_timeout: int) -> tuple[str, ...]:
-    """A trial kernel that panics, oopses, locks up or hangs a task reboots by itself (§3).
-    hung_task_panic is on the trial too: guests are stopped during it, so no storage load can
-    hold a task in D state for long on a healthy kernel."""
-    return (
-        f"panic={panic_timeout}",
-        "oops=panic",
-        "softlockup_panic=1",
-        "nmi_watchdog=panic",
-        "hung_task_panic=1",
-        TRIAL_MARK,
-    )
-
-
-def trial_cmdline_names() -> tuple[str, ...]:
-    return tuple(p.split("=", 1)[0] for p in trial_cmdline(0))
-
-
-def panic_sysctls(cmdline: list[str]) -> dict[str, str]:
-    """/proc/sys/kernel values a boot with ``cmdline`` runs with (0 unless a parameter sets it):
-    what the Plan expects after a commit from the spec's own parameters (boot.extra)."""
-    values = {name: "0" for name, _ in PANIC_SYSCTLS.values()}
-    for param in cmdline:
-        key, _, value = param.partition("=")
-        if key in PANIC_SYSCTLS:
-            name, on = PANIC_SYSCTLS[key]
-            values[name] = "1" if value == on else "0"
-    return values
-
-
-# Where they go: systemd-boot hosts boot the trial through a trial-only entry (TRIAL_ENTRY) that
-# carries the new command line plus these parameters; no other entry ever has them. GRUB's
-# next_entry picks one of update-grub's entries, so there they go on the managed command line
-# from the run that starts the trial to the one that commits it. Either way the commit sets the
-# live sysctls back to what the spec's own parameters ask (panic_sysctls) before guests start.
 
 
 @dataclass(frozen=True)
@@ -160,65 +112,6 @@ class TrialBoot:
             f"trial boot of {what} via {self.method} one-shot {self.entry!r}, "
             f"{self.running} pinned until the checks pass"
         )
-
-
-def systemd_boot_entry(kernel: str) -> str:
-    """The entry id systemd-boot matches: the lower-cased file name with .conf (§1.2)."""
-    return f"proxmox-{kernel}.conf".lower()
-
-
-def grub_entry(kernel: str, devid: str) -> str:
-    """The GRUB id path of the kernel's entry in the Advanced submenu (§2.2)."""
-    return f"gnulinux-advanced-{devid}>gnulinux-{kernel}-advanced-{devid}"
-
-
-def _q(value: str) -> str:
-    return shlex.quote(value)
-
-
-def _efivar(name: str) -> str:
-    return f"{EFIVARS}/{name}-{LOADER_GUID}"
-
-
-def _efivar_is(name: str, value: str) -> str:
-    # efivarfs: 4 attribute bytes, then UTF-16LE; for an ASCII id dropping NULs gives the text.
-    return f"test \"$(tail -c +5 {_efivar(name)} | tr -d '\\000')\" = {_q(value)}"
-
-
-def on_esp(uuid: str, body: str) -> str:
-    """Run ``body`` with the ESP mounted at ``$M`` (a private directory), unmounting after."""
-    m = f"{ESP_MOUNTS}/{uuid}"
-    return (
-        f'M={_q(m)}; mkdir -p "$M" && mount -t vfat /dev/disk/by-uuid/{_q(uuid)} "$M" && '
-        f'{{ {body}; }}; rc=$?; umount "$M" 2>/dev/null; rmdir "$M" 2>/dev/null; [ "$rc" -eq 0 ]'
-    )
-
-
-def _free_at_least(path: str, size: int) -> str:
-    return f'test "$(df -B1 --output=avail {path} | tail -n 1)" -ge {size}'
-
-
-def _default_is(entry: str) -> str:
-    return f'[ "$(awk \'$1 == "default" {{print $2}}\' "$M/loader/loader.conf")" = {_q(entry)} ]'
-
-
-def _grub_default_is(entry: str, cfg: str) -> str:
-    line = f'set default="{entry}"'
-    return f"grep -qF {_q(line)} {cfg}"
-
-
-def _grub_has(kernel: str, devid: str, cfg: str) -> str:
-    menuentry_id = f"'gnulinux-{kernel}-advanced-{devid}'"
-    return f"grep -qF {_q(menuentry_id)} {cfg}"
-
-
-def _next_entry_is(entry: str, env: str) -> str:
-    return f"grub-editenv {env} list | grep -qxF {_q(f'next_entry={entry}')}"
-
-
-def _no_next_entry(env: str) -> str:
-    # GRUB's save_env leaves "next_entry=" (empty) behind after consuming it.
-    return f"! grub-editenv {env} list | grep -q '^next_entry=.'"
 
 
 def classify(path: BootPathInfo, tool: BootToolStatus | None) -> str:
@@ -347,64 +240,8 @@ def plan_trial_boot(
         return base
     steps = _steps(method, running, kernel, entry, devid, esps, deadline_minutes)
     if base.entry_options is not None:
-        steps = _trial_entry_steps(steps, running, kernel, esps, base.entry_options)
+        steps = trial_entry_steps(steps, running, kernel, esps, base.entry_options)
     return TrialBoot(**{**base.__dict__, **steps})
-
-
-def settle_commands(values: dict[str, str]) -> tuple[str, ...]:
-    """Set the live panic sysctls to the Plan's values (a trial boot runs with them on)."""
-    return tuple(f"echo {_q(v)} > /proc/sys/kernel/{k}" for k, v in sorted(values.items()))
-
-
-def trial_entry_text(kernel: str, options: str) -> str:
-    """systemd-boot's trial-only entry (Boot Loader Specification type #1 keys)."""
-    return (
-        f"title    gpuhost trial of {kernel}\nversion  {kernel}\noptions  {options}\n"
-        f"linux    /{TRIAL_ESP_DIR}/vmlinuz-{kernel}\n"
-        f"initrd   /{TRIAL_ESP_DIR}/initrd.img-{kernel}\n"
-    )
-
-
-def _trial_entry_steps(
-    steps: dict[str, object], running: str, kernel: str, esps: tuple[str, ...], options: str
-) -> dict[str, object]:
-    """systemd-boot: the trial boots its own entry, with the new command line and an initramfs
-    built for it, while /etc/kernel/cmdline, the proxmox-<kver>.conf entries and the fallback's
-    initramfs stay as they were until the commit (trial-boot.md §3)."""
-    new = _q(kernel)
-    initrd = f"{TRIAL_INITRD_DIR}/initrd.img-{kernel}"
-    text = trial_entry_text(kernel, options)
-    drop = f'rm -rf "$M/{TRIAL_ESP_DIR}" "$M/loader/entries/{TRIAL_ENTRY}"'
-    put = (
-        f'{drop} && mkdir -p "$M/{TRIAL_ESP_DIR}" && '
-        f'cp /boot/vmlinuz-{new} "$M/{TRIAL_ESP_DIR}/vmlinuz-{kernel}" && '
-        f'cp {_q(initrd)} "$M/{TRIAL_ESP_DIR}/initrd.img-{kernel}" && '
-        f'printf %s {_q(text)} > "$M/loader/entries/{TRIAL_ENTRY}.new" && '
-        f'mv -f "$M/loader/entries/{TRIAL_ENTRY}.new" "$M/loader/entries/{TRIAL_ENTRY}"'
-    )
-    tidy = [on_esp(u, drop) for u in esps] + [f"rm -rf {TRIAL_INITRD_DIR}"]
-    prepare = [
-        *steps["prepare"],  # type: ignore[misc]
-        f"rm -rf {TRIAL_INITRD_DIR} && mkdir -p {TRIAL_INITRD_DIR}",
-        f"mkinitramfs -o {_q(initrd)} {new}",
-        *(on_esp(u, put) for u in esps),
-    ]
-    confirm = [*steps["confirm"], f"grep -qw {_q(TRIAL_MARK)} /proc/cmdline"]  # type: ignore[misc]
-    # The tested configuration becomes the kernel's own: its initramfs rebuilt from the same
-    # files (the target kernel's only), then pinned and synced; the trial entry goes.
-    commit = [f"update-initramfs -u -k {new}"]
-    if kernel == running:
-        commit += ["proxmox-boot-tool refresh"]
-        commit += [on_esp(u, _default_is(systemd_boot_entry(kernel))) for u in esps]
-    else:
-        commit += list(steps["commit"])  # type: ignore[call-overload]
-    return {
-        **steps,
-        "prepare": tuple(prepare),
-        "confirm": tuple(confirm),
-        "commit": (*commit, *tidy),
-        "abandon": (*steps["abandon"], *tidy),  # type: ignore[misc]
-    }
 
 
 def _steps(
@@ -416,14 +253,14 @@ def _steps(
     esps: tuple[str, ...],
     deadline_minutes: int,
 ) -> dict[str, object]:
-    old, new = _q(running), _q(kernel)
+    old, new = sh_quote(running), sh_quote(kernel)
     on_esps = esps if method in ("systemd-boot", "grub-esp") else ()
 
     def every_esp(body: str) -> list[str]:
         return [on_esp(u, body) for u in on_esps]
 
-    checks = [_free_at_least("/boot", MIN_BOOT_FREE)]
-    checks += every_esp(_free_at_least('"$M"', MIN_ESP_FREE))
+    checks = [free_at_least("/boot", MIN_BOOT_FREE)]
+    checks += every_esp(free_at_least('"$M"', MIN_ESP_FREE))
     pin = [f"rm -f {NEXT_BOOT_PIN}", f"proxmox-boot-tool kernel pin {old}"]
     prepare = [f"test -e /boot/vmlinuz-{new}"]
     # GRUB cannot clear next_entry there: without this the deadline's reboot would start the
@@ -442,61 +279,61 @@ def _steps(
     abandon: list[str] = []
     if method == "systemd-boot":
         pin += ["proxmox-boot-tool refresh"]
-        pin += every_esp(_default_is(systemd_boot_entry(running)))
+        pin += every_esp(default_is(systemd_boot_entry(running)))
         kentry = systemd_boot_entry(kernel)  # the kernel's own entry, its default after the commit
         if kernel != running:
             prepare += [f"proxmox-boot-tool kernel add {new}", "proxmox-boot-tool refresh"]
         prepare += every_esp(
             f'test -f "$M/loader/entries/{kentry}" && '
             f'test -f "$M/EFI/proxmox/{kernel}/vmlinuz-{kernel}" && '
-            + _default_is(systemd_boot_entry(running))
+            + default_is(systemd_boot_entry(running))
         )
         oneshot += [
             'bootctl set-default ""',  # a LoaderEntryDefault override beats loader.conf
-            f"test ! -e {_efivar('LoaderEntryDefault')}",
-            f"bootctl set-oneshot {_q(entry)}",
-            _efivar_is("LoaderEntryOneShot", entry),  # firmware may refuse the write (§1.7)
+            f"test ! -e {efivar('LoaderEntryDefault')}",
+            f"bootctl set-oneshot {sh_quote(entry)}",
+            efivar_is("LoaderEntryOneShot", entry),  # firmware may refuse the write (§1.7)
         ]
         confirm += [
-            _efivar_is("LoaderEntrySelected", entry),
-            f"test ! -e {_efivar('LoaderEntryOneShot')}",
+            efivar_is("LoaderEntrySelected", entry),
+            f"test ! -e {efivar('LoaderEntryOneShot')}",
         ]
         commit += [f"proxmox-boot-tool kernel pin {new}"]
         commit += [f"proxmox-boot-tool kernel add {old}", f"proxmox-boot-tool kernel remove {new}"]
         commit += ["proxmox-boot-tool refresh"]
-        commit += every_esp(_default_is(kentry))
+        commit += every_esp(default_is(kentry))
         abandon += ['bootctl set-oneshot ""']
     elif method == "grub-esp":
         assert devid is not None
         cfg = '"$M/grub/grub.cfg"'
         env = '"$M/grub/grubenv"'
         pin += ["proxmox-boot-tool refresh"]
-        pin += every_esp(_grub_default_is(grub_entry(running, devid), cfg))
+        pin += every_esp(grub_default_is(grub_entry(running, devid), cfg))
         prepare += [f"proxmox-boot-tool kernel add {new}", "proxmox-boot-tool refresh"]
-        prepare += every_esp(_grub_has(kernel, devid, cfg))
+        prepare += every_esp(grub_has(kernel, devid, cfg))
         # next_entry on every ESP: whichever the firmware starts consumes its own (§2.4)
         oneshot += every_esp(
-            f"grub-editenv {env} set {_q(f'next_entry={entry}')} && {_next_entry_is(entry, env)}"
+            f"grub-editenv {env} set {sh_quote(f'next_entry={entry}')} && {next_entry_is(entry, env)}"
         )
-        commit += every_esp(f"grub-editenv {env} unset next_entry && {_no_next_entry(env)}")
+        commit += every_esp(f"grub-editenv {env} unset next_entry && {no_next_entry(env)}")
         commit += [f"proxmox-boot-tool kernel pin {new}"]
         commit += [f"proxmox-boot-tool kernel add {old}", f"proxmox-boot-tool kernel remove {new}"]
         commit += ["proxmox-boot-tool refresh"]
-        commit += every_esp(_grub_default_is(entry, cfg))
+        commit += every_esp(grub_default_is(entry, cfg))
         abandon += every_esp(f"grub-editenv {env} unset next_entry")
     else:  # plain GRUB: `kernel pin` runs update-grub itself (§2.5)
         assert devid is not None
-        pin += [_grub_default_is(grub_entry(running, devid), GRUB_CFG)]
-        prepare += ["update-grub", _grub_has(kernel, devid, GRUB_CFG)]
+        pin += [grub_default_is(grub_entry(running, devid), GRUB_CFG)]
+        prepare += ["update-grub", grub_has(kernel, devid, GRUB_CFG)]
         oneshot += [
-            f"grub-editenv {GRUBENV} set {_q(f'next_entry={entry}')}",
-            _next_entry_is(entry, GRUBENV),
+            f"grub-editenv {GRUBENV} set {sh_quote(f'next_entry={entry}')}",
+            next_entry_is(entry, GRUBENV),
         ]
         if method == "grub":
-            confirm += [_no_next_entry(GRUBENV)]
-        commit += [f"grub-editenv {GRUBENV} unset next_entry", _no_next_entry(GRUBENV)]
+            confirm += [no_next_entry(GRUBENV)]
+        commit += [f"grub-editenv {GRUBENV} unset next_entry", no_next_entry(GRUBENV)]
         commit += [f"proxmox-boot-tool kernel pin {new}"]
-        commit += [_grub_default_is(entry, GRUB_CFG)]
+        commit += [grub_default_is(entry, GRUB_CFG)]
         abandon += [f"grub-editenv {GRUBENV} unset next_entry"]
     return {
         "checks": tuple(checks),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from gpuhost.hostfacts import HostFacts
 from gpuhost.spec import HostSpec
-from gpuhost.trialboot import TRIAL_MARK, TrialBoot, plan_trial_boot
+from gpuhost.trialboot import TrialBoot, plan_trial_boot
+from gpuhost.trialparams import TRIAL_MARK
 from gpuhost.trialstate import RECORD as TRIAL_RECORD
 from gpuhost.trialstate import Step, TrialRecord, next_step
 

@@ -17,7 +17,7 @@ on the next one, and a trial that failed is never retried in a loop:
                                                      stop and say so (the user clears the record)
 
 "The trial booted" is the trial kernel running, and, for a trial on the running kernel, the
-trial entry's mark on /proc/cmdline (gpuhost.trialboot.TRIAL_MARK): the fallback boots the
+trial entry's mark on /proc/cmdline (gpuhost.trialparams.TRIAL_MARK): the fallback boots the
 same kernel there.
 """
 

@@ -7,7 +7,7 @@ from gpuhost.bootconf import KERNEL_CMDLINE
 from gpuhost.plan import PlanError, make_plan
 from gpuhost.render import render_plan
 from gpuhost.spec import HostSpec
-from gpuhost.trialboot import TRIAL_ENTRY
+from gpuhost.trialentry import TRIAL_ENTRY
 from gpuhost.trialstate import RECORD, Step
 from tests.unit.conftest import proxmox
 from tests.unit.hosts import kpro6

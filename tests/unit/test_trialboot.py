@@ -9,18 +9,10 @@ import pytest
 
 from facts.boot import parse_boot_path
 from facts.proxmox import parse_boot_tool_status
-from gpuhost.trialboot import (
-    ESP_MOUNTS,
-    TRIAL_ENTRY,
-    TRIAL_MARK,
-    TrialBoot,
-    grub_entry,
-    on_esp,
-    panic_sysctls,
-    plan_trial_boot,
-    settle_commands,
-    systemd_boot_entry,
-)
+from gpuhost.trialboot import TrialBoot, plan_trial_boot
+from gpuhost.trialentry import TRIAL_ENTRY
+from gpuhost.trialesp import ESP_MOUNTS, grub_entry, on_esp, systemd_boot_entry
+from gpuhost.trialparams import TRIAL_MARK, panic_sysctls, settle_commands
 from tests.unit.conftest import proxmox
 
 OLD, NEW = "6.8.12-9-pve", "6.14.8-2-bpo12-pve"

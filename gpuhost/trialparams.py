@@ -1,0 +1,64 @@
+"""The trial boot's own kernel parameters and the live panic settings they leave: a trial
+kernel that panics, oopses, locks up or hangs a task reboots by itself, and no host runs its
+guests with those settings on (trial-boot.md §3; Documentation/admin-guide/sysctl/kernel.rst).
+Pure."""
+
+from __future__ import annotations
+
+import shlex
+
+# On the trial boot's command line only, so a boot that came up through the trial entry can be
+# told from the fallback even when both run the same kernel. The kernel ignores an unknown
+# parameter with a dot in its name (init/main.c unknown_bootoption: "Unused module parameter"),
+# so it reaches neither a module nor init.
+TRIAL_MARK = "gpuhost.trial=1"
+# The live sysctls the panic parameters set (Documentation/admin-guide/sysctl/kernel.rst:
+# panic_on_oops, softlockup_panic, hardlockup_panic, hung_task_panic); the commit puts them back.
+PANIC_SYSCTLS = {
+    "oops": ("panic_on_oops", "panic"),
+    "softlockup_panic": ("softlockup_panic", "1"),
+    "nmi_watchdog": ("hardlockup_panic", "panic"),
+    "hung_task_panic": ("hung_task_panic", "1"),
+}
+
+
+def trial_cmdline(panic_timeout: int) -> tuple[str, ...]:
+    """A trial kernel that panics, oopses, locks up or hangs a task reboots by itself (§3).
+    hung_task_panic is on the trial too: guests are stopped during it, so no storage load can
+    hold a task in D state for long on a healthy kernel."""
+    return (
+        f"panic={panic_timeout}",
+        "oops=panic",
+        "softlockup_panic=1",
+        "nmi_watchdog=panic",
+        "hung_task_panic=1",
+        TRIAL_MARK,
+    )
+
+
+def trial_cmdline_names() -> tuple[str, ...]:
+    return tuple(p.split("=", 1)[0] for p in trial_cmdline(0))
+
+
+def panic_sysctls(cmdline: list[str]) -> dict[str, str]:
+    """/proc/sys/kernel values a boot with ``cmdline`` runs with (0 unless a parameter sets it):
+    what the Plan expects after a commit from the spec's own parameters (boot.extra)."""
+    values = {name: "0" for name, _ in PANIC_SYSCTLS.values()}
+    for param in cmdline:
+        key, _, value = param.partition("=")
+        if key in PANIC_SYSCTLS:
+            name, on = PANIC_SYSCTLS[key]
+            values[name] = "1" if value == on else "0"
+    return values
+
+
+# Where they go: systemd-boot hosts boot the trial through a trial-only entry (TRIAL_ENTRY) that
+# carries the new command line plus these parameters; no other entry ever has them. GRUB's
+# next_entry picks one of update-grub's entries, so there they go on the managed command line
+# from the run that starts the trial to the one that commits it. Either way the commit sets the
+# live sysctls back to what the spec's own parameters ask (panic_sysctls) before guests start.
+
+
+def settle_commands(values: dict[str, str]) -> tuple[str, ...]:
+    """Set the live panic sysctls to the Plan's values (a trial boot runs with them on)."""
+    return tuple(f"echo {shlex.quote(v)} > /proc/sys/kernel/{k}" for k, v in sorted(values.items()))
