@@ -114,3 +114,14 @@ def test_real_output_from_before_the_bandwidth_fields_parses():
         None,
         None,
     )
+
+
+def test_real_output_of_todays_probe_parses():
+    """tests/fixtures/captures/h200x1-p2p: this probe on a real 1x H200 (2026-12-03): the self
+    copy is timed (no pair there, so no peer access or host-staged reference)."""
+    out = Path(__file__).parents[1] / "fixtures/captures/h200x1-p2p/cuda_probe.out"
+    real = parse_cuda_probe(out.read_text().splitlines())
+    (self_copy,) = real.copies
+    assert self_copy.intact and self_copy.error is None
+    assert self_copy.gbps is not None and self_copy.gbps > 100  # device memory, not PCIe
+    assert (self_copy.enable, self_copy.host_staged) == (None, None)
