@@ -217,8 +217,11 @@ def test_pair_without_peer_access_runs_at_host_staged_speed(snp: TwinHandle) -> 
     assert staged["host_staged"] is None  # nothing to judge: P2P was never possible here
     p2p = pairs[(g0, g1)]
     assert (p2p["enable"], p2p["host_staged"]) == (["CUDA_SUCCESS", "CUDA_SUCCESS"], False)
-    # the NS pair's copies run at the speed of g0 <-> g1's own copy before peer access
-    assert staged["gbps"] < 1.2 * p2p["staged_gbps"] and p2p["gbps"] > 2 * staged["gbps"]
+    # the NS pair's copies go through the twin's host path (libcuda.c HOST_PATH_BPS, 2 GB/s: a
+    # ceiling, however loaded the machine), like g0 <-> g1's own copy before peer access; two
+    # such timings are not compared with each other (machine load moves either)
+    assert staged["gbps"] <= 2.0 * 1.05 and p2p["staged_gbps"] <= 2.0 * 1.05
+    assert p2p["gbps"] > 2 * staged["gbps"]
 
 
 def test_guest_with_hmm_enabled_gets_cuda_error_999(snp: TwinHandle) -> None:
