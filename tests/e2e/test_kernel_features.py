@@ -5,6 +5,7 @@ a stored `make bindeb-pkg`-style package without zfs.ko, and one installed by ha
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import yaml
@@ -14,10 +15,21 @@ from gpuhost.audit.gate import run_gate
 from gpuhost.inventory import load_inventory
 from tests.e2e.conftest import deploy, inventory, manifest
 from tests.e2e.reprovision import GCC, OLD, fresh_kpro6
-from tests.e2e.test_trial_deploy import unpack_kernel
-from tests.kerneldebs import kernel_deb
-from twin import hardware
+from tests.e2e.test_audit_twin import ct_config, put
+from tests.e2e.test_boot_slice import KPRO6
+from tests.e2e.test_trial_deploy import (
+    TREE,
+    VERSION,
+    boot_attempts,
+    pinned,
+    plant_firmware,
+    unpack_kernel,
+)
+from tests.e2e.test_vm_mappings import token_env
+from tests.kerneldebs import kernel_deb, proxmox_debs
+from twin import hardware, userspace
 from twin.profile import Kernel
+from twin.pytest_plugin import PVE_DIRS
 
 PLAIN = "6.14.8-2-bpo12-pve"
 
@@ -130,3 +142,44 @@ def test_the_gate_fails_on_unhealthy_pools_and_inactive_storages(fresh, tmp_path
     assert "The ZFS modules are not loaded." in failed["storage.zfs"]
     assert "storage vmdata (zfspool)" in failed["storage.pve"]
     assert "cannot open 'tank': no such pool" in failed["storage.pve"]
+
+
+def test_a_proxmox_packaged_kernel_and_a_new_command_line_pass_one_trial(fresh, tmp_path):
+    """Issue 21's "done when" on a kpro6 twin whose root is on ZFS: the custom kernel, packaged
+    as Proxmox packages it (proxmox-kernel/-headers, zfs.ko, the ACS patch), and kpro6's new
+    command line go through one trial boot, are committed, and the guests then run with the
+    kernel's panic settings off; the next run changes nothing."""
+    twin = fresh(fresh_kpro6(tmp_path))
+    assert twin.run("findmnt -n -o FSTYPE -T /")[1].strip() == "zfs"
+    store = ArtifactStore(tmp_path / "store")
+    store.put(
+        ArtifactKey("kernel", PLAIN, PLAIN, GCC, "cfg1"), proxmox_debs(tmp_path, PLAIN, twin.root)
+    )
+    userspace.install_root(twin.root, VERSION)
+    plant_firmware(twin.root, VERSION)
+    twin.run(PVE_DIRS)
+    put(twin, "/etc/pve/lxc/200.conf", ct_config("ct200", []))
+    put(twin, "/etc/pve/qemu-server/129.conf", "machine: q35\nname: vm129\n")
+    assert twin.run("pct start 200 && qm start 129")[0] == 0  # the guests run before the deploy
+    spec = copy.deepcopy(KPRO6)
+    spec["kernel"]["build"]["repo"] = "/srv/pve-kernel"
+    spec["artifacts"] = {"store": str(store.root)}
+    spec["driver"]["source"] = {"tree": str(TREE), "store": str(tmp_path / "driver-store")}
+    for guest in spec["guests"]:
+        guest.pop("cuda", None)
+    inv = inventory(tmp_path / "inv.py", twin, spec)
+    first = deploy(inv, env=token_env(twin))
+    assert first.rc == 0, first.output[-5000:]
+    assert f"kernel {PLAIN} passed its trial boot" in first.output
+    assert [a["kernel"] for a in boot_attempts(twin)] == [PLAIN]  # one trial boot, committed
+    assert twin.run("uname -r")[1].strip() == PLAIN and pinned(twin) == PLAIN
+    booted = (twin.root / "proc/cmdline").read_text().split()  # the trial boot, kept running
+    assert {"pci=realloc", "iommu=pt", "gpuhost.trial=1", "oops=panic"} <= set(booted)
+    cmdline = (twin.root / "etc/kernel/cmdline").read_text()  # what every later boot gets
+    assert "pci=realloc" in cmdline and "panic=" not in cmdline
+    for name in ("panic_on_oops", "softlockup_panic", "hardlockup_panic"):
+        assert (twin.root / f"proc/sys/kernel/{name}").read_text().strip() == "0", name
+    _, out, _ = twin.run("pct status 200; qm status 129")
+    assert out.split() == ["status:", "running", "status:", "running"], out
+    second = deploy(inv, env=token_env(twin))
+    assert second.rc == 0 and not second.changed, second.output[-3000:]

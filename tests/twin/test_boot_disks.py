@@ -65,5 +65,14 @@ def test_findmnt_gives_the_install_layout(tmp_path: Path) -> None:
 def test_vermagic_follows_the_kernel_config() -> None:
     tiny = "CONFIG_64BIT=y\nCONFIG_MODULES=y\nCONFIG_MODULE_UNLOAD=y\n# CONFIG_SMP is not set\n"
     assert config_vermagic("6.1.192-1-pve", tiny) == "6.1.192-1-pve mod_unload"
-    pve = "CONFIG_SMP=y\nCONFIG_PREEMPT=y\nCONFIG_MODULE_UNLOAD=y\nCONFIG_MODVERSIONS=y\n"
+    pve = "CONFIG_SMP=y\nCONFIG_PREEMPT_BUILD=y\nCONFIG_MODULE_UNLOAD=y\nCONFIG_MODVERSIONS=y\n"
     assert config_vermagic("6.8.12-9-pve", pve) == "6.8.12-9-pve SMP preempt mod_unload modversions"
+    # A PREEMPT_DYNAMIC kernel (Debian's, Proxmox's) has CONFIG_PREEMPT unset and still says
+    # "preempt": vermagic.h keys on CONFIG_PREEMPT_BUILD. Debian's real config shows it.
+    headers = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
+    if headers:
+        config = (headers[-1] / ".config").read_text()
+        assert "# CONFIG_PREEMPT is not set" in config
+        assert config_vermagic("6.1.0-57-amd64", config) == (
+            "6.1.0-57-amd64 SMP preempt mod_unload modversions"
+        )

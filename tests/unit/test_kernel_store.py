@@ -78,7 +78,7 @@ def test_a_changed_file_is_refused(tmp_path):
 def test_a_store_entry_without_an_image_is_refused(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     put(store, tmp_path, GCC12, "c12", [DEBS[0], "config"])
-    with pytest.raises(KernelStoreError, match=r"holds no linux-image \.deb"):
+    with pytest.raises(KernelStoreError, match=r"holds no kernel image \.deb"):
         plan_install(RELEASE, "build", "12.2.0", store)
 
 

@@ -134,14 +134,17 @@ class Machine:
 
 def config_vermagic(release: str, config: str) -> str:
     """The vermagic a kernel of this .config gives its modules (include/linux/vermagic.h:
-    UTS_RELEASE, then "SMP ", "preempt "/"preempt_rt ", "mod_unload ", "modversions ")."""
+    UTS_RELEASE, then "SMP ", "preempt "/"preempt_rt ", "mod_unload ", "modversions ").
+
+    "preempt " follows CONFIG_PREEMPT_BUILD, not CONFIG_PREEMPT (vermagic.h L18 in Debian's 6.1
+    headers): PREEMPT_DYNAMIC kernels (Debian's, Proxmox's) say "preempt" with PREEMPT unset."""
     on = set(re.findall(r"^(CONFIG_[A-Z0-9_]+)=y$", config, re.M))
     words = [release]
     words += ["SMP"] if "CONFIG_SMP" in on else []
-    if "CONFIG_PREEMPT_RT" in on:
-        words.append("preempt_rt")
-    elif "CONFIG_PREEMPT" in on:
+    if "CONFIG_PREEMPT_BUILD" in on:
         words.append("preempt")
+    elif "CONFIG_PREEMPT_RT" in on:
+        words.append("preempt_rt")
     words += ["mod_unload"] if "CONFIG_MODULE_UNLOAD" in on else []
     words += ["modversions"] if "CONFIG_MODVERSIONS" in on else []
     return " ".join(words)
