@@ -3,9 +3,8 @@
     gpu_hosts = [gpu_host("kpro6", spec={...}, ssh_hostname="kpro6.lan")]
     gpu_guests = guests_of(gpu_hosts[0])  # ct200, vm129: `pyinfra inventory/kpro6.py --limit ct200`
 
-The listing goes through proxmoxer's openssh backend, i.e. `pvesh` as root over the system
-ssh client with the host's own SSH settings and a verified host key (StrictHostKeyChecking=yes,
-the inventory's known_hosts file): an inventory is read before pyinfra connects, when there is no
+The listing runs `pvesh` as root over SSH through proxmoxer (gpuhost/pvessh.py), with the host
+key verified against the inventory's known_hosts file (or the user's): an inventory is read before pyinfra connects, when there is no
 verified TLS anchor for the HTTPS API yet, and the listing needs no API token. Every guest the
 node has becomes a host named after the guest, carrying the guest's spec entry (or None for a
 guest the spec does not name) under ``gpuhost_guest``; a guest the spec names that the node does
@@ -17,7 +16,6 @@ name (DNS).
 from __future__ import annotations
 
 import re
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,33 +48,20 @@ class GuestEntry:
         }
 
 
-def _ssh_config(data: dict[str, Any]) -> str:
-    """An ssh_config for the listing: the host's known_hosts, strict checking, no prompts."""
-    lines = ["Host *", "  StrictHostKeyChecking yes", "  BatchMode yes"]
-    if data.get("ssh_known_hosts_file"):
-        lines.append(f"  UserKnownHostsFile {data['ssh_known_hosts_file']}")
-    with tempfile.NamedTemporaryFile(
-        "w", prefix="gpuhost-ssh-", suffix=".conf", delete=False
-    ) as handle:
-        handle.write("\n".join(lines) + "\n")
-    return handle.name
-
-
 def list_guests(name: str, data: dict[str, Any]) -> list[dict[str, Any]]:
     """``[{"kind", "vmid", "name", "status", "config"}]`` from the node's API, as root over SSH."""
-    from proxmoxer import ProxmoxAPI
     from proxmoxer.core import ResourceException
+
+    from gpuhost.pvessh import pve_over_ssh
 
     spec: HostSpec = data[SPEC_KEY]
     try:
-        api = ProxmoxAPI(
+        api = pve_over_ssh(
             str(data.get("ssh_hostname") or name),
-            backend="openssh",
             user=str(data.get("ssh_user") or "root"),
             port=int(data.get("ssh_port") or 22),
-            identity_file=data.get("ssh_key"),
-            config_file=_ssh_config(data),
-            timeout=30,
+            known_hosts=data.get("ssh_known_hosts_file"),
+            private_key_file=data.get("ssh_key"),
         )
         node = spec.proxmox.node
         if node is None:

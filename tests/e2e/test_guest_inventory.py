@@ -1,5 +1,6 @@
-"""Guests as inventory: a twin's containers and VMs, listed through proxmoxer's openssh backend
-(pvesh as root over verified SSH), become pyinfra hosts named after the guests."""
+"""Guests as inventory: a twin's containers and VMs, listed through proxmoxer (pvesh as root over
+SSH with the host key verified, gpuhost/pvessh.py), become pyinfra hosts named after the guests;
+a host whose key the inventory's known_hosts lacks is refused."""
 
 from __future__ import annotations
 
@@ -37,6 +38,16 @@ def test_a_nodes_guests_become_hosts_with_their_spec(fresh, tmp_path: Path) -> N
     (entry,) = [(n, d) for n, (s, d) in load_inventory(inv).items()]
     host_data = {**entry[1], "gpuhost": load_inventory(inv)[twin.name][0]}
     put(twin, "/etc/pve/lxc/200.conf", CT200)
+    stranger = tmp_path / "known_hosts.other"  # a key for the address, but not this host's
+    stranger.write_text(
+        f"{twin.address} ssh-ed25519 "
+        "AAAAC3NzaC1lZDI1NTE5AAAAIB5Yp6rVj0sJ1mC4m7qN3bVfR8c2kH0xLq9W1sT6uE4a\n"
+    )
+    with pytest.raises(InventoryError, match=r"cannot list its guests over SSH \(BadHostKeyExc"):
+        guests_of((twin.name, {**host_data, "ssh_known_hosts_file": str(stranger)}))
+    stranger.write_text("")  # no key at all
+    with pytest.raises(InventoryError, match=r"cannot list its guests over SSH \(SSHException"):
+        guests_of((twin.name, {**host_data, "ssh_known_hosts_file": str(stranger)}))
     with pytest.raises(
         InventoryError, match=r"names guests the node does not have: qemu 129 \(vm129\)"
     ):
