@@ -256,9 +256,9 @@ def make_plan(
             "loaded into it (rebuild the kernel with the toolchain, or set toolchain.gcc)"
         )
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
-    # systemd-boot and plain GRUB try every boot gpuhost causes through a trial entry of their
-    # own, planned once the reasons to boot are known (below); GRUB on the ESPs trials a new
-    # kernel, with the panic parameters on the managed command line meanwhile.
+    # Every boot path gpuhost trials (systemd-boot, GRUB) tries every boot gpuhost causes through
+    # a trial entry of its own, planned once the reasons to boot are known (below); elsewhere a
+    # new kernel's trial is refused (and would carry its panic parameters on the managed line).
     entry_trials = trial_entry_method(facts.boot_path, facts.boot_tool)
     trial: TrialBoot | None = None
     step, trial_params = Step.CONVERGED, ()

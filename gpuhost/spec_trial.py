@@ -18,9 +18,8 @@ class TrialSpec(BaseModel):
         description="panic=N: seconds before a panicked kernel reboots (into the pinned, "
         "known-good entry during a trial). It goes, with oops=panic, softlockup_panic=1, "
         "nmi_watchdog=panic and hung_task_panic=1, on the trial entry's command line only "
-        "(systemd-boot, plain GRUB); with GRUB on the ESPs on the managed command line from "
-        "the run that starts a trial to its commit. To keep panic=N for good, put it in "
-        "boot.extra.",
+        "(systemd-boot's gpuhost-trial.conf, GRUB's gpuhost-trial menu entry). To keep panic=N "
+        "for good, put it in boot.extra.",
     )
     deadline_minutes: int = Field(
         20,

@@ -2,7 +2,8 @@
 
 With no pin, Proxmox boots the newest installed kernel, so the running kernel is pinned before
 the new one is installed; the new kernel then boots exactly once through the boot loader's own
-one-shot (systemd-boot's LoaderEntryOneShot, GRUB's next_entry where GRUB can clear it), and
+one-shot (systemd-boot's LoaderEntryOneShot, GRUB's next_entry where GRUB can clear it) into
+a trial-only entry of gpuhost's (trialentry.py, trialgrub.py), and
 only after the post-boot checks pass is it pinned as the default. A trial that fails in any way
 reboots into the pinned kernel. Never ``proxmox-boot-tool kernel pin --next-boot``: a userspace
 unit clears that pin, so a kernel that dies before it would boot again and again.
@@ -45,8 +46,8 @@ from gpuhost.trialparams import trial_cmdline
 METHODS = ("systemd-boot", "grub-esp", "grub", "grub-no-oneshot", "unsupported", "unknown")
 APPLICABLE = ("systemd-boot", "grub-esp", "grub", "grub-no-oneshot")
 # Boot paths where gpuhost tries every boot through a trial-only entry of its own (systemd-boot's
-# gpuhost-trial.conf, plain GRUB's gpuhost-trial menu entry); GRUB on the ESPs has none yet.
-ENTRY_METHODS = ("systemd-boot", "grub", "grub-no-oneshot")
+# gpuhost-trial.conf, GRUB's gpuhost-trial menu entry).
+ENTRY_METHODS = ("systemd-boot", "grub-esp", "grub", "grub-no-oneshot")
 
 MIB = 1024 * 1024
 # Room for one more kernel: a PVE vmlinuz is ~15 MiB, its initramfs (with nvidia) up to ~120 MiB.
@@ -88,7 +89,7 @@ class TrialBoot:
     cmdline: tuple[str, ...] = ()  # on the command line for the trial boot
     notes: tuple[str, ...] = ()
     # The trial-only entry's options (the planned command line and ``cmdline``); None where the
-    # trial boots one of the loader's own entries (GRUB on the ESPs).
+    # trial boots one of the loader's own entries (a kernel booted by other means, gated only).
     entry_options: str | None = None
 
     @property
@@ -218,8 +219,7 @@ def plan_trial_boot(
     if running == kernel and not use_entry:
         problems.append(
             "a new command line or initramfs is tried through a trial-only boot entry, which "
-            "gpuhost makes on systemd-boot and plain GRUB hosts, not GRUB on proxmox-boot-tool "
-            "ESPs"
+            "gpuhost makes on systemd-boot and GRUB hosts only"
         )
     if method == "grub-no-oneshot" and not without_oneshot:
         reason = path.grubenv_unwritable_by_grub
@@ -259,7 +259,8 @@ def plan_trial_boot(
         steps = trial_entry_steps(steps, running, kernel, esps, base.entry_options)
     elif base.entry_options is not None:
         assert devid is not None
-        steps = grub_trial_steps(steps, running, kernel, devid, base.entry_options)
+        on_esps = esps if method == "grub-esp" else ()
+        steps = grub_trial_steps(steps, running, kernel, devid, base.entry_options, on_esps)
     return TrialBoot(**{**base.__dict__, **steps})
 
 
@@ -338,7 +339,7 @@ def _steps(
         commit += [f"proxmox-boot-tool kernel pin {new}"]
         commit += [f"proxmox-boot-tool kernel add {old}", f"proxmox-boot-tool kernel remove {new}"]
         commit += ["proxmox-boot-tool refresh"]
-        commit += every_esp(grub_default_is(entry, cfg))
+        commit += every_esp(grub_default_is(grub_entry(kernel, devid), cfg))
         abandon += every_esp(f"grub-editenv {env} unset next_entry")
     else:  # plain GRUB: `kernel pin` runs update-grub itself (§2.5)
         assert devid is not None

@@ -261,21 +261,27 @@ def _grub(
     if writable:  # 00_header: set next_entry= ; save_env next_entry
         env["next_entry"] = ""
         grubenv.write(path, env)
-    own = _menu_entry(root, cfg.get("menu") or {}, target)
+    esps = cfg.get("grub_on_esp") or []
+    base = Path(root) / ESP_DIR / esps[0] if esps else Path(root)  # GRUB's root device
+    own = _menu_entry(base, cfg.get("menu") or {}, target)
     if own is not None:
         return own["version"], own
     return resolve_grub_id(target, entries, cfg.get("grub_devid"), newest), None
 
 
-def _menu_entry(root: Path, menu: dict, target: str) -> dict | None:
+def _menu_entry(base: Path, menu: dict, target: str) -> dict | None:
     """A top-level entry of another /etc/grub.d script named by its id or title (grub.texi: a
-    menu item is a number, a title or an id), bootable when its linux file exists; GRUB puts
+    menu item is a number, a title or an id), bootable when its linux and initrd files exist
+    on GRUB's root device (``base``: the root fs, or the ESP GRUB starts from); GRUB puts
     BOOT_IMAGE=<the linux path> first on the command line (include/grub/lib/cmdline.h)."""
     entry = menu.get(target) or next((e for e in menu.values() if e["title"] == target), None)
-    m = re.fullmatch(r"/boot/vmlinuz-(\S+)", entry["linux"]) if entry else None
-    if entry is None or m is None or not (root / entry["linux"].lstrip("/")).is_file():
+    if entry is None:
         return None
-    initrd = str(root / entry["initrd"].lstrip("/")) if entry["initrd"] else ""
+    m = re.fullmatch(r"(?:/boot)?/vmlinuz-(\S+)", entry["linux"])
+    files = [entry["linux"], *([entry["initrd"]] if entry["initrd"] else [])]
+    if m is None or not all((base / f.lstrip("/")).is_file() for f in files):
+        return None
+    initrd = str(base / entry["initrd"].lstrip("/")) if entry["initrd"] else ""
     head = f"BOOT_IMAGE={entry['linux']}"
     return {"version": m.group(1), "options": entry["options"], "initrd": initrd, "head": head}
 

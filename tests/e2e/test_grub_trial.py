@@ -2,15 +2,17 @@
 menu entry (/etc/grub.d/45_gpuhost-trial, named by next_entry), gated, then committed; the
 default entry, /etc/default/grub and the kernel's own initramfs stay as they were until then.
 
-The twins are the lumped board (GRUB on legacy BIOS) with /boot on a plain disk, where GRUB's
-save_env clears next_entry (a true one-shot); GRUB on LVM is kernel trials' refusal/acceptance
-(tests/e2e/test_boot_slice.py's lumped case accepts it)."""
+The twins are the lumped board (GRUB on legacy BIOS) with /boot on a plain disk, or with GRUB
+on a proxmox-boot-tool ESP, where GRUB's save_env clears next_entry (a true one-shot); GRUB on
+LVM is kernel trials' refusal/acceptance (tests/e2e/test_boot_slice.py's lumped case accepts
+it)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.e2e.conftest import ROOT, deploy, inventory, with_driver
@@ -18,11 +20,17 @@ from tests.e2e.test_boot_slice import LUMPED
 from twin.modbuild import GSP_FIRMWARE
 
 KVER = "6.8.12-9-pve"
+ESP = "9B1C-4F2A"
+LAYOUTS = {
+    "plain": {"boot_on_lvm": False},  # /boot on a plain disk: GRUB's save_env can write
+    # proxmox-boot-tool init <ESP> grub (btrfs root: the twin's kernel has no zfs.ko)
+    "esp": {"grub_on_esp": True, "esp_uuids": [ESP], "root_fs": "btrfs"},
+}
 
 
-def plain_disk_grub(fresh, modules, tmp: Path):
+def plain_disk_grub(fresh, modules, tmp: Path, layout: str = "plain"):
     data = yaml.safe_load((ROOT / "gpuhost-twin/twin/profiles/lumped.yaml").read_text())
-    data["boot"]["boot_on_lvm"] = False  # /boot on a plain disk: GRUB's save_env can write
+    data["boot"].update(LAYOUTS[layout])
     path = tmp / "lumped-plain-boot.yaml"
     path.write_text(yaml.safe_dump(data))
     twin = fresh(str(path))
@@ -35,8 +43,12 @@ def kernel_entries(cfg: str) -> str:
     return cfg.split("### BEGIN /etc/grub.d/10_linux ###", 1)[1].split("### END", 1)[0]
 
 
-def test_a_new_command_line_on_grub_is_tried_through_its_own_entry(fresh, modules, tmp_path):
-    twin, inv = plain_disk_grub(fresh, modules, tmp_path)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_new_command_line_on_grub_is_tried_through_its_own_entry(
+    fresh, modules, tmp_path, layout
+):
+    twin, inv = plain_disk_grub(fresh, modules, tmp_path, layout)
+    boot = f"var/lib/gpuhost-twin/esp/{ESP}" if layout == "esp" else "boot"  # GRUB's /boot
     first = deploy(inv)
     assert first.rc == 0, first.output[-4000:]
     assert "passed its trial boot" in first.output and first.reboots == 1, first.output[-3000:]
@@ -44,14 +56,16 @@ def test_a_new_command_line_on_grub_is_tried_through_its_own_entry(fresh, module
     cmdline = (twin.root / "proc/cmdline").read_text().split()
     # booted through the trial entry: its mark and panic parameters, the trial's own initramfs
     assert "gpuhost.trial=1" in cmdline and "oops=panic" in cmdline, cmdline
-    assert "intel_iommu=on" in cmdline and cmdline[0] == f"BOOT_IMAGE=/boot/vmlinuz-{KVER}"
+    image = f"/vmlinuz-{KVER}" if layout == "esp" else f"/boot/vmlinuz-{KVER}"
+    assert "intel_iommu=on" in cmdline and cmdline[0] == f"BOOT_IMAGE={image}"
     # committed: the drop-in has the new line without the trial's; the entry and its files gone
     dropin = (twin.root / "etc/default/grub.d/zz-gpuhost.cfg").read_text()
     assert "intel_iommu=on" in dropin and "oops=panic" not in dropin
-    cfg = (twin.root / "boot/grub/grub.cfg").read_text()
+    cfg = (twin.root / boot / "grub/grub.cfg").read_text()  # the grub.cfg that boots
     assert "gpuhost-trial" not in cfg and "intel_iommu=on" in kernel_entries(cfg)
     assert not (twin.root / "etc/grub.d/45_gpuhost-trial").exists()
     assert not (twin.root / "boot/gpuhost-trial").exists()
+    assert not (twin.root / boot / "gpuhost-trial").exists()
     for name in ("panic_on_oops", "softlockup_panic", "hardlockup_panic", "hung_task_panic"):
         assert (twin.root / f"proc/sys/kernel/{name}").read_text().strip() == "0", name
     second = deploy(inv)

@@ -45,9 +45,10 @@ def systemd_boot(running: str = OLD, **kw: object) -> TrialBoot:
     )
 
 
-def grub_esp(**kw: object) -> TrialBoot:
+def grub_esp(running: str = OLD, **kw: object) -> TrialBoot:
+    kw.setdefault("options", PLANNED)
     return plan_trial_boot(
-        OLD,
+        running,
         NEW,
         parse_boot_path(proxmox("boot-path-grub-esp.out")),
         parse_boot_tool_status(proxmox("boot-tool-status-grub-esp.out")),
@@ -145,14 +146,11 @@ def test_a_new_command_line_on_the_running_kernel_is_a_trial_too() -> None:
     grub = grub_plain(running=NEW)
     assert grub.can_apply and grub.same_kernel and grub.entry == GRUB_TRIAL_ID
     assert grub.commit[0] == f"update-initramfs -u -k {NEW}"
-    # GRUB on the ESPs has no trial entry: refused, not rebooted into the fallback's own entry
-    esp = plan_trial_boot(
-        NEW,
-        NEW,
-        parse_boot_path(proxmox("boot-path-grub-esp.out")),
-        parse_boot_tool_status(proxmox("boot-tool-status-grub-esp.out")),
-    )
-    assert not esp.can_apply and "trial-only boot entry" in (esp.refusal or "")
+    # GRUB on the ESPs: the same entry on every ESP; no kernel pin moves, none is added/removed
+    esp = grub_esp(running=NEW)
+    assert esp.can_apply and esp.entry == GRUB_TRIAL_ID
+    assert not any("kernel pin" in c or "kernel add" in c for c in esp.commit)
+    assert any("unset next_entry" in c for c in esp.commit)
 
 
 def test_the_trial_entry_as_written_on_an_esp(tmp_path: Path) -> None:
@@ -242,17 +240,22 @@ def test_systemd_boot_refused_when_this_boot_did_not_use_it() -> None:
 
 def test_grub_on_esps_sets_next_entry_on_every_esp() -> None:
     trial = grub_esp()
-    entry = grub_entry(NEW, ZFS_DEVID)
+    entry = GRUB_TRIAL_ID
     assert (trial.method, trial.can_apply, trial.entry) == ("grub-esp", True, entry)
     sets = [c for c in trial.oneshot if "grub-editenv" in c]
     assert len(sets) == 1  # one ESP in this host
-    assert f"'next_entry={entry}'" in sets[0] and '"$M/grub/grubenv"' in sets[0]
+    assert f"next_entry={entry}" in sets[0] and '"$M/grub/grubenv"' in sets[0]
     assert "grep -qxF" in sets[0]  # read back
     assert "/boot/grub/grubenv" not in " ".join(trial.oneshot)  # plain grub-reboot: wrong file
     assert any(f"'gnulinux-{NEW}-advanced-{ZFS_DEVID}'" in c for c in trial.prepare)
     # the ESPs not booted keep their next_entry: the commit clears every one
     assert any("unset next_entry" in c and "8C2E-11D0" in c for c in trial.commit)
     assert f"proxmox-boot-tool kernel pin {NEW}" in trial.commit
+    # the trial's initramfs on every ESP (GRUB's /boot there), its entry in every ESP's grub.cfg
+    assert any('"$M/gpuhost-trial/"' in c and "8C2E-11D0" in c for c in trial.prepare)
+    assert "proxmox-boot-tool refresh" in trial.prepare[-3:]
+    assert f"'{GRUB_TRIAL_ID}'" in trial.prepare[-1] and '"$M/grub/grub.cfg"' in trial.prepare[-1]
+    assert grub_entry(NEW, ZFS_DEVID) in trial.commit[-1] and "! grep" in trial.commit[-1]
 
 
 def test_plain_grub_on_a_partition_has_a_one_shot() -> None:
@@ -268,9 +271,10 @@ def test_plain_grub_on_a_partition_has_a_one_shot() -> None:
     assert f"mkinitramfs -o /boot/gpuhost-trial/initrd.img-{NEW} {NEW}" in trial.prepare
     put = next(c for c in trial.prepare if GRUB_TRIAL_SCRIPT in c)
     assert "chmod 755" in put and trial.entry_options and trial.entry_options in put
-    assert trial.prepare[-3:] == (
+    has_entry = "grep -qF " + shlex.quote(f"'{GRUB_TRIAL_ID}'") + " /boot/grub/grub.cfg"
+    assert trial.prepare[-2:] == (
         "update-grub",
-        "grep -qF " + shlex.quote(f"'{GRUB_TRIAL_ID}'") + " /boot/grub/grub.cfg",
+        f"{has_entry} && "
         f"grep -qF 'set default=\"{grub_entry(OLD, PLAIN_DEVID)}\"' /boot/grub/grub.cfg",
     )
     # commit: the target's initramfs, the entry gone, then the new kernel pinned as default
@@ -279,7 +283,10 @@ def test_plain_grub_on_a_partition_has_a_one_shot() -> None:
     pin = trial.commit.index(f"proxmox-boot-tool kernel pin {NEW}")
     assert trial.commit.index("rm -rf /boot/gpuhost-trial") < pin
     assert grub_entry(NEW, PLAIN_DEVID) in trial.commit[pin + 1]
-    assert trial.commit[-1] == f"! {trial.prepare[-2]}"  # no trial entry left in grub.cfg
+    assert trial.commit[-1] == (  # no trial entry left in grub.cfg, the new kernel the default
+        f"! {has_entry} && grep -qF 'set default=\"{grub_entry(NEW, PLAIN_DEVID)}\"' "
+        "/boot/grub/grub.cfg"
+    )
     assert trial.abandon[0] == "grub-editenv /boot/grub/grubenv unset next_entry"
     assert trial.abandon[-1] == "update-grub" and f"rm -f {GRUB_TRIAL_SCRIPT}" in trial.abandon[1]
 
@@ -287,14 +294,19 @@ def test_plain_grub_on_a_partition_has_a_one_shot() -> None:
 def test_the_grub_trial_script_prints_its_entry_only_while_its_files_exist(
     tmp_path: Path,
 ) -> None:
-    """The script as update-grub runs it (sh; paths moved under a directory)."""
+    """The script as update-grub runs it (sh; paths moved under a directory; grub-mkconfig_lib's
+    path helper, grub-mkrelpath, stood in by a shell function as for a /boot on the root fs)."""
     boot = tmp_path / "boot"
     text = grub_trial_script(NEW, f"{PLANNED_GRUB} panic=10 {TRIAL_MARK}")
     script = tmp_path / "45_gpuhost-trial"
     script.write_text(text.replace("/boot/", f"{boot}/"))
+    (tmp_path / "grub-mkconfig_lib").write_text(
+        'make_system_path_relative_to_its_root () { echo "$1"; }\n'
+    )
+    env = {"PATH": "/usr/bin:/bin", "pkgdatadir": str(tmp_path)}
 
     def run() -> str:
-        done = subprocess.run(["sh", str(script)], capture_output=True, text=True)
+        done = subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env)
         assert done.returncode == 0, done.stderr
         return done.stdout
 

@@ -123,6 +123,9 @@ def update_grub(root: Path, out: Out, esps: list[str] | None = None) -> None:
         out.err(str(exc))
         raise Exit(1) from None
     menu = {**menu_entries(before), **menu_entries(after)}
+    if esps:  # rendered with the ESP on /boot: paths relative to the ESP (write_grub_esp)
+        menu = {k: {**v, "linux": _esp_path(v["linux"]), "initrd": _esp_path(v["initrd"])}
+                for k, v in menu.items()}  # fmt: skip
     if booted_uefi(root):
         out.err("Adding boot menu entry for UEFI Firmware Settings ...")
     default = settings.get("GRUB_DEFAULT") or "0"
@@ -201,12 +204,16 @@ def _scripts(root: Path, settings: dict[str, str]) -> tuple[str, str]:
     return before, after
 
 
+def _esp_path(path: str) -> str:
+    return path.removeprefix("/boot") if path.startswith("/boot/") else path
+
+
 _MENUENTRY = re.compile(r"^menuentry '([^']*)'.*?(?:\$menuentry_id_option '([^']*)')?\s*\{$")
 
 
 def menu_entries(text: str) -> dict[str, dict[str, str]]:
     """Top-level menu entries of a script's output: id (else title) -> title, linux path and
-    options, initrd path (GRUB's root is the device of /boot/grub here: /boot on the root fs)."""
+    options, initrd path (relative to GRUB's root: the device holding /boot/grub)."""
     found: dict[str, dict[str, str]] = {}
     current: dict[str, str] | None = None
     for line in text.splitlines():
