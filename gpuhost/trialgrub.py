@@ -1,5 +1,5 @@
-"""Plain GRUB's trial-only menu entry: the trial boots the kernel with the new command line and
-an initramfs built for it from an entry of gpuhost's own, while /etc/default/grub(.d), the
+"""GRUB's trial-only menu entry: the trial boots the kernel with the new command line and an
+initramfs built for it from an entry of gpuhost's own, while /etc/default/grub(.d), the
 kernel's own entries and its initramfs stay as they were until the commit. Pure: the commands
 are planned here and run by deploys/trial_boot.py.
 
@@ -14,8 +14,9 @@ How GRUB gets the entry, from grub-common 2.06 (Debian 12):
   variable to --id). next_entry may name a top-level entry by id (docs/grub.texi, "default":
   a menu item is a number, a title or an id), and 00_header makes it the default once
   (trial-boot.md §2.1): `grub-reboot gpuhost-trial`, i.e. next_entry=gpuhost-trial.
-- Paths are /boot/...: GRUB's root is the device it read /boot/grub/grub.cfg from, and PVE's
-  ext4/xfs installs keep /boot on the root file system (trial-boot.md §0, [INST] fstab lines).
+- Paths are made as 10_linux makes them (make_system_path_relative_to_its_root of
+  grub-mkconfig_lib, 10_linux.in's rel_dirname): /boot/... where /boot is on the root file
+  system (PVE's ext4/xfs installs), /... on an ESP that the refresh bind-mounts on /boot.
 """
 
 from __future__ import annotations
