@@ -349,6 +349,16 @@ def test_lvm_grub_is_refused_with_the_reason_and_both_ways_out() -> None:
     assert trial.oneshot == () and trial.commit == ()  # nothing to run, no silent sticky default
 
 
+def test_lvm_grub_refuses_a_new_command_line_too_unless_accepted() -> None:
+    refused = grub_lvm(running=NEW)
+    assert refused.same_kernel and not refused.can_apply
+    assert "the trial entry would stay the default" in (refused.refusal or "")
+    assert "kernel.trial.without_oneshot: true" in (refused.refusal or "")
+    accepted = grub_lvm(running=NEW, without_oneshot=True)
+    assert accepted.can_apply and accepted.entry == GRUB_TRIAL_ID
+    assert "grub-editenv /boot/grub/grubenv unset next_entry" in accepted.commit
+
+
 def test_lvm_grub_with_the_opt_in_clears_next_entry_itself() -> None:
     trial = grub_lvm(without_oneshot=True)
     assert (trial.method, trial.can_apply) == ("grub-no-oneshot", True)
