@@ -139,8 +139,8 @@ def _not_this_runs(plan: Plan) -> tuple[str, ...]:
 
 def _drop_panic_parameters(host, plan: Plan) -> None:
     """Back on the old kernel after a failed trial, before its guests start: the live panic
-    settings as planned, and on GRUB (whose managed line carried the trial's parameters to
-    every entry) the loader files without them, applied at once."""
+    settings as planned, and where the trial had no entry of its own (its parameters went on
+    the managed line every entry shares) the loader files without them, applied at once."""
     trial = plan.trial_boot
     assert trial is not None
     if trial.entry_options is None and plan.trial_commit_files:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from gpuhost import modconf
 from gpuhost.bootconf import KERNEL_CMDLINE
-from gpuhost.bootplan import after_commit, boot_config
+from gpuhost.bootplan import after_commit, boot_config, loader_files
 from gpuhost.ctplan import ContainerDevices, plan_containers
 from gpuhost.driverplan import DriverModules, plan_driver_modules
 from gpuhost.gpus import model_name, needs_open_modules
@@ -44,6 +44,7 @@ from gpuhost.split import (
     slot,
 )
 from gpuhost.trialboot import TrialBoot, trial_entry_method
+from gpuhost.trialgrub import grub_trial_options
 from gpuhost.trialparams import panic_sysctls, trial_cmdline_names
 from gpuhost.trialplan import plan_trial
 from gpuhost.trialstate import Step
@@ -255,9 +256,9 @@ def make_plan(
             "loaded into it (rebuild the kernel with the toolchain, or set toolchain.gcc)"
         )
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
-    # systemd-boot tries every boot gpuhost causes through a trial entry of its own, planned once
-    # the reasons to boot are known (below); GRUB trials a new kernel, with the panic parameters
-    # on the managed command line meanwhile.
+    # Every boot path gpuhost trials (systemd-boot, GRUB) tries every boot gpuhost causes through
+    # a trial entry of its own, planned once the reasons to boot are known (below); elsewhere a
+    # new kernel's trial is refused (and would carry its panic parameters on the managed line).
     entry_trials = trial_entry_method(facts.boot_path, facts.boot_tool)
     trial: TrialBoot | None = None
     step, trial_params = Step.CONVERGED, ()
@@ -415,7 +416,10 @@ def make_plan(
     )
     if entry_trials:
         boot_due = any(r.concern in REBOOT_NOW for r in reasons)
-        options = (boot.files.get(KERNEL_CMDLINE) or "").split("\n", 1)[0]
+        if entry_trials == "systemd-boot":  # the entry's options: /etc/kernel/cmdline's line
+            options = (boot.files.get(KERNEL_CMDLINE) or "").split("\n", 1)[0]
+        else:  # GRUB: what 10_linux will render from the planned /etc/default/grub(.d)
+            options = grub_trial_options(running, {**loader_files(facts, loader), **boot.files})
         trial, step, _ = plan_trial(spec, facts, problems, boot_due, options)
         if trial is not None and trial.entry_options is not None:
             after_trial = {p: ManagedFile(p, c, "cmdline") for p, c in boot.files.items()}

@@ -16,10 +16,10 @@ class TrialSpec(BaseModel):
         ge=1,
         le=300,
         description="panic=N: seconds before a panicked kernel reboots (into the pinned, "
-        "known-good kernel during a trial). It goes on the managed command line with "
-        "oops=panic, softlockup_panic=1 and nmi_watchdog=panic from the run that starts a "
-        "trial to its commit; after it they leave the loader's files (no reboot of their own). "
-        "To keep panic=N for good, put it in boot.extra.",
+        "known-good entry during a trial). It goes, with oops=panic, softlockup_panic=1, "
+        "nmi_watchdog=panic and hung_task_panic=1, on the trial entry's command line only "
+        "(systemd-boot's gpuhost-trial.conf, GRUB's gpuhost-trial menu entry). To keep panic=N "
+        "for good, put it in boot.extra.",
     )
     deadline_minutes: int = Field(
         20,
@@ -32,9 +32,10 @@ class TrialSpec(BaseModel):
     without_oneshot: bool = Field(
         False,
         description="Allow a trial on plain GRUB whose grubenv sits on LVM, RAID, ZFS or btrfs, "
-        "where GRUB cannot clear next_entry (no true one-shot): a new kernel that panics or "
-        "hangs before userspace then keeps booting until someone at the console or IPMI picks "
-        "the old one. Without it such a trial is refused.",
+        "where GRUB cannot clear next_entry (no true one-shot): a trial boot (a new kernel, "
+        "command line or initramfs) that panics or hangs before userspace then keeps booting "
+        "until someone at the console or IPMI picks the old entry. Without it such a trial is "
+        "refused.",
     )
     parallel: bool = Field(
         False,

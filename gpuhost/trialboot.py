@@ -2,7 +2,8 @@
 
 With no pin, Proxmox boots the newest installed kernel, so the running kernel is pinned before
 the new one is installed; the new kernel then boots exactly once through the boot loader's own
-one-shot (systemd-boot's LoaderEntryOneShot, GRUB's next_entry where GRUB can clear it), and
+one-shot (systemd-boot's LoaderEntryOneShot, GRUB's next_entry where GRUB can clear it) into
+a trial-only entry of gpuhost's (trialentry.py, trialgrub.py), and
 only after the post-boot checks pass is it pinned as the default. A trial that fails in any way
 reboots into the pinned kernel. Never ``proxmox-boot-tool kernel pin --next-boot``: a userspace
 unit clears that pin, so a kernel that dies before it would boot again and again.
@@ -39,10 +40,14 @@ from gpuhost.trialesp import (
     sh_quote,
     systemd_boot_entry,
 )
+from gpuhost.trialgrub import GRUB_TRIAL_ID, grub_trial_steps, unsafe_options
 from gpuhost.trialparams import trial_cmdline
 
 METHODS = ("systemd-boot", "grub-esp", "grub", "grub-no-oneshot", "unsupported", "unknown")
 APPLICABLE = ("systemd-boot", "grub-esp", "grub", "grub-no-oneshot")
+# Boot paths where gpuhost tries every boot through a trial-only entry of its own (systemd-boot's
+# gpuhost-trial.conf, GRUB's gpuhost-trial menu entry).
+ENTRY_METHODS = ("systemd-boot", "grub-esp", "grub", "grub-no-oneshot")
 
 MIB = 1024 * 1024
 # Room for one more kernel: a PVE vmlinuz is ~15 MiB, its initramfs (with nvidia) up to ~120 MiB.
@@ -53,8 +58,9 @@ _ID_PART = re.compile(r"[0-9A-Za-z-]+")  # ESP UUIDs and GRUB devids (fs UUID, Z
 WAYS_OUT = (
     "move the host to GRUB on an ESP managed by proxmox-boot-tool (proxmox-boot-tool init "
     "<ESP partition> grub; the ESP must not be mounted at /boot/efi), or set "
-    "kernel.trial.without_oneshot: true to accept that a new kernel that panics or hangs before "
-    "userspace keeps booting until someone at the console or IPMI picks the old kernel"
+    "kernel.trial.without_oneshot: true to accept that a trial boot (a new kernel, command line "
+    "or initramfs) that panics or hangs before userspace keeps booting until someone at the "
+    "console or IPMI picks the old entry"
 )
 
 
@@ -82,8 +88,8 @@ class TrialBoot:
     before_deadline_reboot: tuple[str, ...] = ()
     cmdline: tuple[str, ...] = ()  # on the command line for the trial boot
     notes: tuple[str, ...] = ()
-    # systemd-boot: the trial-only entry's options (the planned command line and ``cmdline``);
-    # None where the trial boots one of the loader's own entries (GRUB).
+    # The trial-only entry's options (the planned command line and ``cmdline``); None where the
+    # trial boots one of the loader's own entries (a kernel booted by other means, gated only).
     entry_options: str | None = None
 
     @property
@@ -132,10 +138,11 @@ def classify(path: BootPathInfo, tool: BootToolStatus | None) -> str:
     return "unsupported"
 
 
-def trial_entry_method(path: BootPathInfo, tool: BootToolStatus | None) -> bool:
-    """Whether this host boots a trial through a trial-only entry (systemd-boot), so a new
+def trial_entry_method(path: BootPathInfo, tool: BootToolStatus | None) -> str | None:
+    """How this host boots a trial through a trial-only entry (None: it has none), so a new
     command line or initramfs on the running kernel can be tried with the old one as fallback."""
-    return classify(path, tool) == "systemd-boot"
+    method = classify(path, tool)
+    return method if method in ENTRY_METHODS else None
 
 
 def plan_trial_boot(
@@ -151,11 +158,12 @@ def plan_trial_boot(
 ) -> TrialBoot:
     """The trial boot of ``kernel`` on a host running ``running``, or why it is refused.
 
-    ``options``: the planned command line (systemd-boot's /etc/kernel/cmdline first line), which
-    the trial entry boots with while the file itself keeps the fallback's until the commit.
+    ``options``: the planned command line (systemd-boot's /etc/kernel/cmdline first line; on
+    GRUB what 10_linux renders from the planned /etc/default/grub(.d)), which the trial entry
+    boots with while the loader files keep the fallback's until the commit.
     ``own_entry`` False: the kernel was booted by other means and is only gated and pinned."""
     method = classify(path, tool)
-    use_entry = method == "systemd-boot" and own_entry
+    use_entry = method in ENTRY_METHODS and own_entry
     problems: list[str] = []
     for what, value in (("running kernel", running), ("new kernel", kernel)):
         if not KERNEL_RE.fullmatch(value):
@@ -200,17 +208,25 @@ def plan_trial_boot(
             )
             devid = None
         else:
-            entry = grub_entry(kernel, devid)
+            entry = GRUB_TRIAL_ID if use_entry else grub_entry(kernel, devid)
+        if use_entry and not options.strip():
+            problems.append("the planned kernel command line for the trial entry is empty")
+        if use_entry and unsafe_options(options):
+            problems.append(
+                f"the command line holds {' '.join(unsafe_options(options))}, which cannot go "
+                "into GRUB's trial entry as it is; remove it from the running command line"
+            )
     if running == kernel and not use_entry:
         problems.append(
             "a new command line or initramfs is tried through a trial-only boot entry, which "
-            "gpuhost makes on systemd-boot hosts only"
+            "gpuhost makes on systemd-boot and GRUB hosts only"
         )
     if method == "grub-no-oneshot" and not without_oneshot:
         reason = path.grubenv_unwritable_by_grub
+        what = "the trial entry" if running == kernel else "a trial kernel"
         problems.append(
-            f"no true one-shot on this host: {reason}, so GRUB cannot clear next_entry and a "
-            f"trial kernel would stay the default (a panicking one would boot forever). Ways out: "
+            f"no true one-shot on this host: {reason}, so GRUB cannot clear next_entry and "
+            f"{what} would stay the default (a panicking one would boot forever). Ways out: "
             f"{WAYS_OUT}"
         )
     notes: list[str] = []
@@ -222,7 +238,7 @@ def plan_trial_boot(
     if method == "grub-no-oneshot" and without_oneshot:
         notes.append(
             "no one-shot (kernel.trial.without_oneshot): next_entry sticks until the deadline "
-            "or the commit clears it; recovery from a kernel that dies early needs the console"
+            "or the commit clears it; recovery from a trial boot that dies early needs the console"
         )
     refusal = "; ".join(problems) if problems else None
     cmdline = trial_cmdline(panic_timeout)
@@ -239,8 +255,12 @@ def plan_trial_boot(
     if refusal is not None or entry is None:
         return base
     steps = _steps(method, running, kernel, entry, devid, esps, deadline_minutes)
-    if base.entry_options is not None:
+    if base.entry_options is not None and method == "systemd-boot":
         steps = trial_entry_steps(steps, running, kernel, esps, base.entry_options)
+    elif base.entry_options is not None:
+        assert devid is not None
+        on_esps = esps if method == "grub-esp" else ()
+        steps = grub_trial_steps(steps, running, kernel, devid, base.entry_options, on_esps)
     return TrialBoot(**{**base.__dict__, **steps})
 
 
@@ -319,7 +339,7 @@ def _steps(
         commit += [f"proxmox-boot-tool kernel pin {new}"]
         commit += [f"proxmox-boot-tool kernel add {old}", f"proxmox-boot-tool kernel remove {new}"]
         commit += ["proxmox-boot-tool refresh"]
-        commit += every_esp(grub_default_is(entry, cfg))
+        commit += every_esp(grub_default_is(grub_entry(kernel, devid), cfg))
         abandon += every_esp(f"grub-editenv {env} unset next_entry")
     else:  # plain GRUB: `kernel pin` runs update-grub itself (§2.5)
         assert devid is not None
@@ -333,7 +353,7 @@ def _steps(
             confirm += [no_next_entry(GRUBENV)]
         commit += [f"grub-editenv {GRUBENV} unset next_entry", no_next_entry(GRUBENV)]
         commit += [f"proxmox-boot-tool kernel pin {new}"]
-        commit += [grub_default_is(entry, GRUB_CFG)]
+        commit += [grub_default_is(grub_entry(kernel, devid), GRUB_CFG)]
         abandon += [f"grub-editenv {GRUBENV} unset next_entry"]
     return {
         "checks": tuple(checks),

@@ -52,11 +52,10 @@ def panic_sysctls(cmdline: list[str]) -> dict[str, str]:
     return values
 
 
-# Where they go: systemd-boot hosts boot the trial through a trial-only entry (TRIAL_ENTRY) that
-# carries the new command line plus these parameters; no other entry ever has them. GRUB's
-# next_entry picks one of update-grub's entries, so there they go on the managed command line
-# from the run that starts the trial to the one that commits it. Either way the commit sets the
-# live sysctls back to what the spec's own parameters ask (panic_sysctls) before guests start.
+# Where they go: the trial boots a trial-only entry (systemd-boot's gpuhost-trial.conf, GRUB's
+# gpuhost-trial menu entry) that carries the new command line plus these parameters; no other
+# entry ever has them. The commit sets the live sysctls back to what the spec's own parameters
+# ask (panic_sysctls) before guests start.
 
 
 def settle_commands(values: dict[str, str]) -> tuple[str, ...]:

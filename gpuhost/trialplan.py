@@ -21,11 +21,12 @@ def plan_trial(
     """The trial boot due on this host, which of its steps the host shows is due, and the
     parameters to put on the managed command line for it.
 
-    On systemd-boot the trial boots an entry of its own (``options`` plus the panic parameters)
-    and ``boot_due`` (the running kernel needs a boot for its command line or modules) starts a
-    trial of the running kernel too; nothing goes on the managed command line. On GRUB a trial
-    is of a new kernel only, and its panic parameters are wanted on the managed command line
-    from the run that starts it until the one that commits it."""
+    On systemd-boot and GRUB the trial boots an entry of its own (``options`` plus the panic
+    parameters) and ``boot_due`` (the running kernel needs a boot for its command line or
+    modules) starts a trial of the running kernel too; nothing goes on the managed command line.
+    A trial that boots one of the loader's own entries (none today: the boot paths without a
+    trial entry are refused) wants its panic parameters on the managed command line from the
+    run that starts it until the one that commits it."""
     try:
         record = TrialRecord.parse((facts.files or {}).get(TRIAL_RECORD))
     except ValueError as exc:

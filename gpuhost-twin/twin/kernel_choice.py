@@ -17,6 +17,8 @@ A real boot loader boots what the last `proxmox-boot-tool refresh` / `update-gru
       "initrd": {"6.8.12-9-pve": {"files": {...}}},  # optional: initramfs synced to the ESP
       "grub_devid": "…",                          # optional: <devid> of GRUB's menu entry ids
       "grub_on_esp": ["9B1C-4F2A"],               # optional: GRUB lives on these ESPs
+      "menu": {"gpuhost-trial": {"title": "...", "linux": "/boot/vmlinuz-<kver>", "options": "...",
+               "initrd": "/boot/..."}},   # optional: other /etc/grub.d scripts' top-level entries
       "written_by": "proxmox-boot-tool refresh", "written_at": 1764439200.0
     }
 
@@ -30,7 +32,9 @@ One-shots (trial-boot.md §1.3, §2.1, §2.3), consumed before the kernel starts
   `proxmox-<kver>.conf`; one that matches nothing falls through. LoaderEntrySelected = the booted ID.
 - GRUB: next_entry of the grubenv GRUB loads (the first ESP's on GRUB-on-ESP hosts, else
   /boot/grub/grubenv) is cleared by save_env, except on /boot on LVM (profile boot.boot_on_lvm),
-  where the write fails and the entry sticks. An unknown id boots entry 0, the newest kernel.
+  where the write fails and the entry sticks. next_entry may name (by id or title) a top-level
+  entry another /etc/grub.d script printed: it boots that entry's linux, options and initrd.
+  An unknown id boots entry 0, the newest kernel.
 proxmox-boot-tool's --next-boot is no one-shot: it is the loader default until
 proxmox-boot-cleanup.service runs in a boot that reaches userspace (twin.pve.on_boot).
 
@@ -80,7 +84,8 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
         hw.state.pop("boot_initrd", None)
         if own is not None:
             kernel = own["version"]
-            cmdline = " ".join([_initrd_arg(own["initrd"]), *own["options"].split()])
+            head = own.get("head") or _initrd_arg(own["initrd"])  # GRUB: BOOT_IMAGE=
+            cmdline = " ".join([head, *own["options"].split()])
             hw.state["boot_initrd"] = own["initrd"]  # boot_modules reads this initramfs
         why = "profile" if kernel in profile.failing_kernels else ""
         if not why and storage.root_on_zfs(cmdline) and not storage.kernel_has_zfs(hw.root, kernel):
@@ -158,7 +163,10 @@ def _select(hw: hwsim.Hw, profile: Profile, cfg: dict, installed: list[str]) -> 
         if own is not None:
             hw.state["boot_entry"] = own
         return kernel
-    return _grub(hw.root, profile, cfg, entries, default, newest)
+    kernel, own = _grub(hw.root, profile, cfg, entries, default, newest)
+    if own is not None:
+        hw.state["boot_entry"] = own
+    return kernel
 
 
 def _systemd_boot(
@@ -237,7 +245,9 @@ def grubenv_path(root: Path, cfg: dict) -> tuple[Path, bool]:
 
 def _grub(
     root: Path, profile: Profile, cfg: dict, entries: list[str], default: str, newest: str
-) -> str:
+) -> tuple[str, dict | None]:
+    """The kernel GRUB boots and, for a menu entry of another /etc/grub.d script that
+    next_entry names, that entry (its own linux, options and initrd)."""
     if efivars.uefi(root):  # GRUB sets no Boot Loader Interface variables (volatile ones go)
         for name in ("LoaderInfo", "LoaderEntrySelected", "LoaderFirmwareType"):
             efivars.firmware_set(root, name, None)
@@ -247,11 +257,33 @@ def _grub(
     env = grubenv.read(path)
     target = env.get("next_entry")
     if not target:
-        return default
+        return default, None
     if writable:  # 00_header: set next_entry= ; save_env next_entry
         env["next_entry"] = ""
         grubenv.write(path, env)
-    return resolve_grub_id(target, entries, cfg.get("grub_devid"), newest)
+    esps = cfg.get("grub_on_esp") or []
+    base = Path(root) / ESP_DIR / esps[0] if esps else Path(root)  # GRUB's root device
+    own = _menu_entry(base, cfg.get("menu") or {}, target)
+    if own is not None:
+        return own["version"], own
+    return resolve_grub_id(target, entries, cfg.get("grub_devid"), newest), None
+
+
+def _menu_entry(base: Path, menu: dict, target: str) -> dict | None:
+    """A top-level entry of another /etc/grub.d script named by its id or title (grub.texi: a
+    menu item is a number, a title or an id), bootable when its linux and initrd files exist
+    on GRUB's root device (``base``: the root fs, or the ESP GRUB starts from); GRUB puts
+    BOOT_IMAGE=<the linux path> first on the command line (include/grub/lib/cmdline.h)."""
+    entry = menu.get(target) or next((e for e in menu.values() if e["title"] == target), None)
+    if entry is None:
+        return None
+    m = re.fullmatch(r"(?:/boot)?/vmlinuz-(\S+)", entry["linux"])
+    files = [entry["linux"], *([entry["initrd"]] if entry["initrd"] else [])]
+    if m is None or not all((base / f.lstrip("/")).is_file() for f in files):
+        return None
+    initrd = str(base / entry["initrd"].lstrip("/")) if entry["initrd"] else ""
+    head = f"BOOT_IMAGE={entry['linux']}"
+    return {"version": m.group(1), "options": entry["options"], "initrd": initrd, "head": head}
 
 
 def resolve_grub_id(target: str, entries: list[str], devid: str | None, newest: str) -> str:
@@ -275,6 +307,7 @@ def _bootcfg(hw: hwsim.Hw, profile: Profile, installed: list[str]) -> dict:
             "entries": cfg.get("entries") or {},  # options per kernel, when the writer gives them
             "grub_devid": cfg.get("grub_devid"),
             "grub_on_esp": cfg.get("grub_on_esp") or [],
+            "menu": cfg.get("menu") or {},  # GRUB: other /etc/grub.d scripts' top-level entries
         }
     # --next-boot's pin wins in loader.conf, like a permanent pin
     pin = _first_line(hw.p("etc/kernel/next-boot-pin")) or _first_line(

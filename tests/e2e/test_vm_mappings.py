@@ -127,7 +127,7 @@ def test_a_mapping_written_before_the_iommu_came_on_is_refreshed_before_the_vm_s
     assert rc == 0, err
     gpu = "0000:4b:00.0"  # on its own root port: group 31 once the IOMMU is on
     lumped = {
-        "kernel": {"version": kernel},
+        "kernel": {"version": kernel, "trial": {"without_oneshot": True}},  # GRUB on LVM
         "driver": {"version": VERSION, "open": True},
         "guests": [
             {"kind": "vm", "vmid": 141, "name": "vm141", "machine": "q35", "gpus": [gpu]},

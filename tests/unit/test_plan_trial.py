@@ -130,14 +130,29 @@ def test_the_trial_boots_with_panic_parameters_in_its_own_entry_only() -> None:
     assert not any(p in line.split() for p in TRIAL_PARAMS)
 
 
-def test_grub_keeps_them_on_the_managed_line_until_the_commit() -> None:
+def test_plain_grub_puts_them_in_its_trial_entry_only() -> None:
     facts = kpro6(
         BootPath=(0, proxmox("boot-path-grub-lvm.out")),
         BootTool=(0, proxmox("boot-tool-status-unconfigured.out")),
     )
     plan = make_plan("kpro6", spec(without_oneshot=True), facts)
-    assert plan.trial_step is Step.START and not plan.boot_config_at_commit
-    assert all(p in plan.cmdline_present for p in TRIAL_PARAMS)
+    assert plan.trial_step is Step.START and plan.boot_config_at_commit
+    assert not any(p in plan.cmdline_present for p in TRIAL_PARAMS)
+    trial = plan.trial_boot
+    assert trial is not None and trial.entry == "gpuhost-trial" and trial.entry_options
+    assert all(p in trial.entry_options.split() for p in TRIAL_PARAMS)
+
+
+def test_grub_on_the_esps_puts_them_in_its_trial_entry_only() -> None:
+    facts = kpro6(
+        BootPath=(0, proxmox("boot-path-grub-esp.out")),
+        BootTool=(0, proxmox("boot-tool-status-grub-esp.out")),
+    )
+    plan = make_plan("kpro6", spec(), facts)
+    assert plan.trial_step is Step.START and plan.boot_config_at_commit
+    assert not any(p in plan.cmdline_present for p in TRIAL_PARAMS)
+    trial = plan.trial_boot
+    assert trial is not None and trial.entry == "gpuhost-trial" and trial.entry_options
 
 
 def test_after_the_commit_the_host_is_converged_and_panic_settings_go_back() -> None:

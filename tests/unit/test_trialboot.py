@@ -1,6 +1,7 @@
 """Trial boot planning for each boot path (shared/trial-boot.md), on the BootPath and
 proxmox-boot-tool outputs of tests/fixtures/proxmox/facts."""
 
+import shlex
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +13,12 @@ from facts.proxmox import parse_boot_tool_status
 from gpuhost.trialboot import TrialBoot, plan_trial_boot
 from gpuhost.trialentry import TRIAL_ENTRY
 from gpuhost.trialesp import ESP_MOUNTS, grub_entry, on_esp, systemd_boot_entry
+from gpuhost.trialgrub import (
+    GRUB_TRIAL_ID,
+    GRUB_TRIAL_SCRIPT,
+    grub_trial_options,
+    grub_trial_script,
+)
 from gpuhost.trialparams import TRIAL_MARK, panic_sysctls, settle_commands
 from tests.unit.conftest import proxmox
 
@@ -24,6 +31,7 @@ UNCONFIGURED = parse_boot_tool_status(proxmox("boot-tool-status-unconfigured.out
 
 
 PLANNED = "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on iommu=pt"
+PLANNED_GRUB = "root=/dev/mapper/pve-root ro quiet intel_iommu=on iommu=pt"
 
 
 def systemd_boot(running: str = OLD, **kw: object) -> TrialBoot:
@@ -37,9 +45,10 @@ def systemd_boot(running: str = OLD, **kw: object) -> TrialBoot:
     )
 
 
-def grub_esp(**kw: object) -> TrialBoot:
+def grub_esp(running: str = OLD, **kw: object) -> TrialBoot:
+    kw.setdefault("options", PLANNED)
     return plan_trial_boot(
-        OLD,
+        running,
         NEW,
         parse_boot_path(proxmox("boot-path-grub-esp.out")),
         parse_boot_tool_status(proxmox("boot-tool-status-grub-esp.out")),
@@ -47,14 +56,16 @@ def grub_esp(**kw: object) -> TrialBoot:
     )
 
 
-def grub_lvm(**kw: object) -> TrialBoot:
+def grub_lvm(running: str = OLD, **kw: object) -> TrialBoot:
+    kw.setdefault("options", PLANNED_GRUB)
     path = parse_boot_path(proxmox("boot-path-grub-lvm.out"))
-    return plan_trial_boot(OLD, NEW, path, UNCONFIGURED, **kw)  # type: ignore[arg-type]
+    return plan_trial_boot(running, NEW, path, UNCONFIGURED, **kw)  # type: ignore[arg-type]
 
 
-def grub_plain(**kw: object) -> TrialBoot:
+def grub_plain(running: str = OLD, **kw: object) -> TrialBoot:
+    kw.setdefault("options", PLANNED_GRUB)
     path = parse_boot_path(proxmox("boot-path-grub-plain.out"))
-    return plan_trial_boot(OLD, NEW, path, UNCONFIGURED, **kw)  # type: ignore[arg-type]
+    return plan_trial_boot(running, NEW, path, UNCONFIGURED, **kw)  # type: ignore[arg-type]
 
 
 def every_command(trial: TrialBoot) -> list[str]:
@@ -131,13 +142,15 @@ def test_a_new_command_line_on_the_running_kernel_is_a_trial_too() -> None:
     assert trial.can_apply and trial.same_kernel and trial.entry == TRIAL_ENTRY
     assert not any("kernel add" in c or "kernel remove" in c for c in every_command(trial))
     assert trial.commit[:2] == (f"update-initramfs -u -k {NEW}", "proxmox-boot-tool refresh")
-    # on GRUB there is no trial entry: refused, not rebooted into the fallback's own entry
-    grub = plan_trial_boot(NEW, NEW, *_grub_plain_inputs())
-    assert not grub.can_apply and "trial-only boot entry" in (grub.refusal or "")
-
-
-def _grub_plain_inputs():  # type: ignore[no-untyped-def]
-    return parse_boot_path(proxmox("boot-path-grub-plain.out")), UNCONFIGURED
+    # plain GRUB: its own trial entry too, the commit rebuilds the target's initramfs only
+    grub = grub_plain(running=NEW)
+    assert grub.can_apply and grub.same_kernel and grub.entry == GRUB_TRIAL_ID
+    assert grub.commit[0] == f"update-initramfs -u -k {NEW}"
+    # GRUB on the ESPs: the same entry on every ESP; no kernel pin moves, none is added/removed
+    esp = grub_esp(running=NEW)
+    assert esp.can_apply and esp.entry == GRUB_TRIAL_ID
+    assert not any("kernel pin" in c or "kernel add" in c for c in esp.commit)
+    assert any("unset next_entry" in c for c in esp.commit)
 
 
 def test_the_trial_entry_as_written_on_an_esp(tmp_path: Path) -> None:
@@ -227,29 +240,103 @@ def test_systemd_boot_refused_when_this_boot_did_not_use_it() -> None:
 
 def test_grub_on_esps_sets_next_entry_on_every_esp() -> None:
     trial = grub_esp()
-    entry = grub_entry(NEW, ZFS_DEVID)
+    entry = GRUB_TRIAL_ID
     assert (trial.method, trial.can_apply, trial.entry) == ("grub-esp", True, entry)
     sets = [c for c in trial.oneshot if "grub-editenv" in c]
     assert len(sets) == 1  # one ESP in this host
-    assert f"'next_entry={entry}'" in sets[0] and '"$M/grub/grubenv"' in sets[0]
+    assert f"next_entry={entry}" in sets[0] and '"$M/grub/grubenv"' in sets[0]
     assert "grep -qxF" in sets[0]  # read back
     assert "/boot/grub/grubenv" not in " ".join(trial.oneshot)  # plain grub-reboot: wrong file
     assert any(f"'gnulinux-{NEW}-advanced-{ZFS_DEVID}'" in c for c in trial.prepare)
     # the ESPs not booted keep their next_entry: the commit clears every one
     assert any("unset next_entry" in c and "8C2E-11D0" in c for c in trial.commit)
     assert f"proxmox-boot-tool kernel pin {NEW}" in trial.commit
+    # the trial's initramfs on every ESP (GRUB's /boot there), its entry in every ESP's grub.cfg
+    assert any('"$M/gpuhost-trial/"' in c and "8C2E-11D0" in c for c in trial.prepare)
+    assert "proxmox-boot-tool refresh" in trial.prepare[-3:]
+    assert f"'{GRUB_TRIAL_ID}'" in trial.prepare[-1] and '"$M/grub/grub.cfg"' in trial.prepare[-1]
+    assert grub_entry(NEW, ZFS_DEVID) in trial.commit[-1] and "! grep" in trial.commit[-1]
 
 
 def test_plain_grub_on_a_partition_has_a_one_shot() -> None:
     trial = grub_plain()
-    entry = grub_entry(NEW, PLAIN_DEVID)
-    assert (trial.method, trial.can_apply) == ("grub", True)
+    assert (trial.method, trial.can_apply, trial.entry) == ("grub", True, GRUB_TRIAL_ID)
     assert trial.oneshot[-2:] == (
-        f"grub-editenv /boot/grub/grubenv set 'next_entry={entry}'",
-        f"grub-editenv /boot/grub/grubenv list | grep -qxF 'next_entry={entry}'",
+        f"grub-editenv /boot/grub/grubenv set next_entry={GRUB_TRIAL_ID}",
+        f"grub-editenv /boot/grub/grubenv list | grep -qxF next_entry={GRUB_TRIAL_ID}",
     )
     assert "! grub-editenv /boot/grub/grubenv list | grep -q '^next_entry=.'" in trial.confirm
-    assert "update-grub" in trial.prepare
+    assert trial.confirm[-1] == f"grep -qw {TRIAL_MARK} /proc/cmdline"
+    # the trial's initramfs and menu entry; the fallback (the pinned old kernel) stays default
+    assert f"mkinitramfs -o /boot/gpuhost-trial/initrd.img-{NEW} {NEW}" in trial.prepare
+    put = next(c for c in trial.prepare if GRUB_TRIAL_SCRIPT in c)
+    assert "chmod 755" in put and trial.entry_options and trial.entry_options in put
+    has_entry = "grep -qF " + shlex.quote(f"'{GRUB_TRIAL_ID}'") + " /boot/grub/grub.cfg"
+    assert trial.prepare[-2:] == (
+        "update-grub",
+        f"{has_entry} && "
+        f"grep -qF 'set default=\"{grub_entry(OLD, PLAIN_DEVID)}\"' /boot/grub/grub.cfg",
+    )
+    # commit: the target's initramfs, the entry gone, then the new kernel pinned as default
+    assert trial.commit[0] == f"update-initramfs -u -k {NEW}"
+    assert not any("-k all" in c for c in every_command(trial))
+    pin = trial.commit.index(f"proxmox-boot-tool kernel pin {NEW}")
+    assert trial.commit.index("rm -rf /boot/gpuhost-trial") < pin
+    assert grub_entry(NEW, PLAIN_DEVID) in trial.commit[pin + 1]
+    assert trial.commit[-1] == (  # no trial entry left in grub.cfg, the new kernel the default
+        f"! {has_entry} && grep -qF 'set default=\"{grub_entry(NEW, PLAIN_DEVID)}\"' "
+        "/boot/grub/grub.cfg"
+    )
+    assert trial.abandon[0] == "grub-editenv /boot/grub/grubenv unset next_entry"
+    assert trial.abandon[-1] == "update-grub" and f"rm -f {GRUB_TRIAL_SCRIPT}" in trial.abandon[1]
+
+
+def test_the_grub_trial_script_prints_its_entry_only_while_its_files_exist(
+    tmp_path: Path,
+) -> None:
+    """The script as update-grub runs it (sh; paths moved under a directory; grub-mkconfig_lib's
+    path helper, grub-mkrelpath, stood in by a shell function as for a /boot on the root fs)."""
+    boot = tmp_path / "boot"
+    text = grub_trial_script(NEW, f"{PLANNED_GRUB} panic=10 {TRIAL_MARK}")
+    script = tmp_path / "45_gpuhost-trial"
+    script.write_text(text.replace("/boot/", f"{boot}/"))
+    (tmp_path / "grub-mkconfig_lib").write_text(
+        'make_system_path_relative_to_its_root () { echo "$1"; }\n'
+    )
+    env = {"PATH": "/usr/bin:/bin", "pkgdatadir": str(tmp_path)}
+
+    def run() -> str:
+        done = subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert run() == ""  # no kernel, no trial initramfs: no entry
+    (boot / "gpuhost-trial").mkdir(parents=True)
+    (boot / f"vmlinuz-{NEW}").write_text("kernel")
+    (boot / f"gpuhost-trial/initrd.img-{NEW}").write_text("initrd")
+    lines = run().replace(f"{boot}/", "/boot/").splitlines()
+    assert lines[0] == (
+        f"menuentry 'gpuhost trial of Linux {NEW}' --class gnu-linux --class gnu --class os "
+        f"$menuentry_id_option '{GRUB_TRIAL_ID}' {{"
+    )
+    assert f"\tlinux\t/boot/vmlinuz-{NEW} {PLANNED_GRUB} panic=10 {TRIAL_MARK}" in lines
+    assert f"\tinitrd\t/boot/gpuhost-trial/initrd.img-{NEW}" in lines and lines[-1] == "}"
+
+
+def test_grub_trial_options_are_what_10_linux_renders_from_the_planned_files() -> None:
+    files = {
+        "/etc/default/grub": 'GRUB_CMDLINE_LINUX_DEFAULT="quiet mitigations=off"\n'
+        'GRUB_CMDLINE_LINUX=""\n',
+        "/etc/default/grub.d/zz-gpuhost.cfg": 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX '
+        'intel_iommu=on"\n',
+        "/etc/default/grub.d/gone.cfg": None,
+    }
+    running = ["BOOT_IMAGE=/boot/vmlinuz-6.8.12-9-pve", "root=/dev/mapper/pve-root", "ro", "quiet"]
+    options = grub_trial_options(running, files)
+    assert options == "root=/dev/mapper/pve-root ro intel_iommu=on quiet mitigations=off"
+    # a parameter GRUB's parser would read itself is refused, not written into grub.cfg
+    bad = grub_plain(running=NEW, options=f"{PLANNED_GRUB} dyndbg='file x +p'")
+    assert not bad.can_apply and "cannot go into GRUB's trial entry" in (bad.refusal or "")
 
 
 def test_lvm_grub_is_refused_with_the_reason_and_both_ways_out() -> None:
@@ -260,6 +347,16 @@ def test_lvm_grub_is_refused_with_the_reason_and_both_ways_out() -> None:
     assert "proxmox-boot-tool init" in refusal  # way out 1: GRUB on an ESP
     assert "kernel.trial.without_oneshot: true" in refusal and "console" in refusal  # way out 2
     assert trial.oneshot == () and trial.commit == ()  # nothing to run, no silent sticky default
+
+
+def test_lvm_grub_refuses_a_new_command_line_too_unless_accepted() -> None:
+    refused = grub_lvm(running=NEW)
+    assert refused.same_kernel and not refused.can_apply
+    assert "the trial entry would stay the default" in (refused.refusal or "")
+    assert "kernel.trial.without_oneshot: true" in (refused.refusal or "")
+    accepted = grub_lvm(running=NEW, without_oneshot=True)
+    assert accepted.can_apply and accepted.entry == GRUB_TRIAL_ID
+    assert "grub-editenv /boot/grub/grubenv unset next_entry" in accepted.commit
 
 
 def test_lvm_grub_with_the_opt_in_clears_next_entry_itself() -> None:

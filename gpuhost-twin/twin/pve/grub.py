@@ -1,5 +1,11 @@
-"""update-grub (grub-mkconfig sourcing /etc/default/grub and /etc/default/grub.d/*.cfg) and
-GRUB_DEFAULT pinning through proxmox-kernel-pin.cfg (stdlib only)."""
+"""update-grub (grub-mkconfig sourcing /etc/default/grub and /etc/default/grub.d/*.cfg, running
+/etc/grub.d) and GRUB_DEFAULT pinning through proxmox-kernel-pin.cfg (stdlib only).
+
+grub-common's own /etc/grub.d scripts are rendered here (00_header, 10_linux; the others print
+no entry on a PVE host); any other executable script runs as grub-mkconfig runs it
+(util/grub-mkconfig.in: every executable non-garbage file of /etc/grub.d in name order, under
+`set -e`, with GRUB_* and pkgdatadir exported), its output spliced in at its place by name, and
+its top-level menu entries recorded for the boot (bootcfg "menu")."""
 
 from __future__ import annotations
 
@@ -111,6 +117,15 @@ def update_grub(root: Path, out: Out, esps: list[str] | None = None) -> None:
             body += _grub_entry(rec, klass, initrd, "\t")
     if kernels:
         body += "}\n"
+    try:
+        before, after = _scripts(root, {**settings, "GRUB_DEVICE": device})
+    except RuntimeError as exc:
+        out.err(str(exc))
+        raise Exit(1) from None
+    menu = {**menu_entries(before), **menu_entries(after)}
+    if esps:  # rendered with the ESP on /boot: paths relative to the ESP (write_grub_esp)
+        menu = {k: {**v, "linux": _esp_path(v["linux"]), "initrd": _esp_path(v["initrd"])}
+                for k, v in menu.items()}  # fmt: skip
     if booted_uefi(root):
         out.err("Adding boot menu entry for UEFI Firmware Settings ...")
     default = settings.get("GRUB_DEFAULT") or "0"
@@ -122,9 +137,11 @@ def update_grub(root: Path, out: Out, esps: list[str] | None = None) -> None:
         f'set default="{default}"\n'
         f"set timeout={settings.get('GRUB_TIMEOUT') or '5'}\n"
         "### END /etc/grub.d/00_header ###\n\n"
+        f"{before}"
         "### BEGIN /etc/grub.d/10_linux ###\n"
         f"{body}"
         "### END /etc/grub.d/10_linux ###\n"
+        f"{after}"
     )
     grub_cfg = root / "boot/grub/grub.cfg"
     grub_cfg.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +166,70 @@ def update_grub(root: Path, out: Out, esps: list[str] | None = None) -> None:
         grub_default=chosen.version if chosen else None,
         grub_devid=rid,
         grub_on_esp=esps or [],
+        menu=menu,
     )
+
+
+# grub-common's scripts, which update_grub renders itself (or which print no entry here).
+STOCK_SCRIPTS = ("00_header", "05_debian_theme", "10_linux", "20_linux_xen", "30_os-prober",
+                 "30_uefi-firmware", "40_custom", "41_custom")  # fmt: skip
+EXPORTED = ("GRUB_DEFAULT", "GRUB_TIMEOUT", "GRUB_DISTRIBUTOR", "GRUB_CMDLINE_LINUX",
+            "GRUB_CMDLINE_LINUX_DEFAULT", "GRUB_DISABLE_RECOVERY", "GRUB_DEVICE")  # fmt: skip
+
+
+def _scripts(root: Path, settings: dict[str, str]) -> tuple[str, str]:
+    """The output of the other executable /etc/grub.d scripts: those named before 10_linux and
+    those after, each in grub-mkconfig's BEGIN/END frame. A script that fails fails update-grub
+    (grub-mkconfig runs them under set -e). Paths in a script are the twin's own: it runs with
+    the twin as / (a directory root given by $TWIN_ROOT only in tests, which plant none)."""
+    before, after = "", ""
+    top = root / "etc/grub.d"
+    for path in sorted(top.iterdir()) if top.is_dir() else []:
+        name = path.name
+        garbage = name.endswith("~") or (name.startswith("#") and name.endswith("#"))
+        garbage = garbage or name.startswith("README")
+        garbage = garbage or ".dpkg-" in name or name.endswith((".rpmsave", ".rpmnew", ".sig"))
+        if name in STOCK_SCRIPTS or garbage or not path.is_file() or not os.access(path, os.X_OK):
+            continue
+        env = {**os.environ, **{k: settings.get(k) or "" for k in EXPORTED}}
+        env["pkgdatadir"] = "/usr/share/grub"
+        res = subprocess.run([str(path)], capture_output=True, text=True, env=env, check=False)
+        if res.returncode != 0:
+            raise RuntimeError(res.stderr.strip() or f"/etc/grub.d/{name} failed")
+        text = f"\n### BEGIN /etc/grub.d/{name} ###\n{res.stdout}### END /etc/grub.d/{name} ###\n"
+        if name < "10_linux":
+            before += text
+        else:
+            after += text
+    return before, after
+
+
+def _esp_path(path: str) -> str:
+    return path.removeprefix("/boot") if path.startswith("/boot/") else path
+
+
+_MENUENTRY = re.compile(r"^menuentry '([^']*)'.*?(?:\$menuentry_id_option '([^']*)')?\s*\{$")
+
+
+def menu_entries(text: str) -> dict[str, dict[str, str]]:
+    """Top-level menu entries of a script's output: id (else title) -> title, linux path and
+    options, initrd path (relative to GRUB's root: the device holding /boot/grub)."""
+    found: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for line in text.splitlines():
+        m = _MENUENTRY.match(line)
+        if m:
+            current = {"title": m.group(1), "linux": "", "options": "", "initrd": ""}
+            found[m.group(2) or m.group(1)] = current
+        elif current is not None and line.startswith("}"):
+            current = None
+        elif current is not None:
+            words = line.split()
+            if words[:1] == ["linux"] and len(words) > 1:
+                current["linux"], current["options"] = words[1], " ".join(words[2:])
+            elif words[:1] == ["initrd"] and len(words) > 1:
+                current["initrd"] = words[1]
+    return found
 
 
 def _grub_entry(entry: MenuEntry, klass: str, initrd: bool, indent: str) -> str:
