@@ -89,15 +89,19 @@ def stored_kernel(store: StoreReader, release: str, gcc: str) -> Artifact:
     return artifact
 
 
+# The image package's name: `make bindeb-pkg`'s, or pve-kernel's (debian/rules PMX_KERNEL_PKG).
+IMAGE_PREFIXES = ("linux-image-", "proxmox-kernel-")
+
+
 def _debs(artifact: Artifact) -> tuple[str, ...]:
     """The image before the headers (the headers package does not depend on it, but a reader
     of dpkg's output expects the kernel first)."""
     names = sorted(n for n in artifact.files if n.endswith(".deb"))
-    names.sort(key=lambda n: not n.startswith("linux-image-"))
-    if not any(n.startswith("linux-image-") for n in names):
+    names.sort(key=lambda n: not n.startswith(IMAGE_PREFIXES))
+    if not any(n.startswith(IMAGE_PREFIXES) for n in names):
         raise KernelStoreError(
-            f"{artifact.directory} holds no linux-image .deb ({', '.join(names) or 'no .debs'}); "
-            "remove it and build again"
+            f"{artifact.directory} holds no kernel image .deb (linux-image-* or proxmox-kernel-*; "
+            f"it has {', '.join(names) or 'no .debs'}); remove it and build again"
         )
     return tuple(str(artifact.file(n)) for n in names)
 

@@ -11,16 +11,25 @@ GCC = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0"
 
 
 def kernel_deb(
-    out: Path, release: str, zfs: bool, acs: bool, usr_merged: bool = False, gcc: str = GCC
+    out: Path,
+    release: str,
+    zfs: bool,
+    acs: bool,
+    usr_merged: bool = False,
+    gcc: str = GCC,
+    proxmox: bool = False,
 ) -> Path:
     """A linux-image-<release> .deb in ``out``; ``usr_merged``: modules under usr/lib as
-    pve-kernel's trixie packaging puts them."""
-    tree = out / f"tree-{release}-{int(zfs)}{int(acs)}"
+    pve-kernel's packaging puts them; ``proxmox``: named proxmox-kernel-<release> as
+    pve-kernel's debian/rules names it (PMX_KERNEL_PKG), modules under usr/lib."""
+    usr_merged = usr_merged or proxmox
+    package = f"{'proxmox-kernel' if proxmox else 'linux-image'}-{release}"
+    tree = out / f"tree-{package}-{int(zfs)}{int(acs)}"
     mods = tree / ("usr/lib" if usr_merged else "lib") / "modules" / release
     (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
     (tree / "boot").mkdir(exist_ok=True)
     (tree / "DEBIAN/control").write_text(
-        f"Package: linux-image-{release}\nVersion: {release}-1\nArchitecture: amd64\n"
+        f"Package: {package}\nVersion: {release}-1\nArchitecture: amd64\n"
         "Maintainer: gpuhost tests <root@localhost>\nDescription: test kernel\n"
     )
     (tree / f"boot/vmlinuz-{release}").write_bytes(b"\x1f\x8b compressed image, no symbols")
@@ -37,7 +46,29 @@ def kernel_deb(
         (mods / "zfs").mkdir(exist_ok=True)
         for name in ("zfs", "spl"):
             (mods / f"zfs/{name}.ko").write_bytes(b"\x7fELF")
-    deb = out / f"linux-image-{release}_{release}-1_amd64.deb"
+    deb = out / f"{package}_{release}-1_amd64.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)],
+        check=True,
+        capture_output=True,
+    )
+    return deb
+
+
+def headers_deb(out: Path, release: str, proxmox: bool = False) -> Path:
+    """The headers package beside :func:`kernel_deb`'s image (linux-headers-<release>, or
+    proxmox-headers-<release>): the source tree's config and the modules' build link."""
+    package = f"{'proxmox-headers' if proxmox else 'linux-headers'}-{release}"
+    tree = out / f"tree-{package}"
+    src = tree / f"usr/src/linux-headers-{release}"
+    (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
+    src.mkdir(parents=True, exist_ok=True)
+    (tree / "DEBIAN/control").write_text(
+        f"Package: {package}\nVersion: {release}-1\nArchitecture: amd64\n"
+        "Maintainer: gpuhost tests <root@localhost>\nDescription: test kernel headers\n"
+    )
+    (src / ".config").write_text(f'CONFIG_CC_VERSION_TEXT="{GCC}"\nCONFIG_MODULES=y\n')
+    deb = out / f"{package}_{release}-1_amd64.deb"
     subprocess.run(
         ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)],
         check=True,
