@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -60,6 +61,7 @@ from gpuhost.kernelfeatures import package_features
 # What the tree's Makefile must define: the names gpuhost reads to find and check the build.
 VARIABLES = ("KVNAME", "BUILD_DIR", "KERNEL_SRC", "DST_DEB", "HDR_DEB", "PACKAGE", "HDRPACKAGE")
 PRINT_RULE = "print-%: ; @echo '$*=$($*)'"
+_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]*")  # one path component, not . or ..
 DEFAULT_BASE = "defconfig"  # the spec's default: keep the tree's own config
 
 
@@ -93,6 +95,12 @@ def tree_variables(tree: Path) -> dict[str, str]:
         raise KernelBuildError(
             f"{tree}/Makefile defines no {', '.join(empty)}; not a pve-kernel tree"
         )
+    odd = [n for n in VARIABLES if not _NAME.fullmatch(found[n])]
+    if odd:
+        raise KernelBuildError(
+            f"{tree}/Makefile: {', '.join(f'{n}={found[n]!r}' for n in odd)} is not a plain file "
+            "name (letters, digits, . _ + -); gpuhost builds only inside the tree's copy"
+        )
     return found
 
 
@@ -121,10 +129,10 @@ def _run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = 
         )
 
 
-def copy_tree(tree: Path, dest: Path) -> Path:
+def copy_tree(tree: Path, dest: Path, build_dir: str) -> Path:
     """The tree, to build in. Hard links where the file system allows: the packaging only
     writes new files outside BUILD_DIR (markers, BUILD_DIR itself), and BUILD_DIR is its own
-    copy; earlier builds' markers and BUILD_DIRs are left out so every step runs."""
+    copy; an earlier build's markers, packages and BUILD_DIR are left out so every step runs."""
     try:
         _run(["cp", "-al", str(tree), str(dest)])
     except KernelBuildError:
@@ -132,6 +140,7 @@ def copy_tree(tree: Path, dest: Path) -> Path:
         _run(["cp", "-a", str(tree), str(dest)])
     for stale in (*dest.glob("*.prepared"), *dest.glob("*.deb")):
         stale.unlink()
+    shutil.rmtree(dest / build_dir, ignore_errors=True)
     return dest
 
 
@@ -151,7 +160,9 @@ def build_pve(recipe: KernelRecipe, store: ArtifactStore, work: Path, jobs: int)
         if work.exists() and any(work.iterdir()):
             raise KernelBuildError(f"{work}: the work directory must be empty or absent")
         work.mkdir(parents=True, exist_ok=True)
-        debs, config = _package_tree(recipe, copy_tree(recipe.tree, work / "tree"), names, jobs)
+        debs, config = _package_tree(
+            recipe, copy_tree(recipe.tree, work / "tree", names["BUILD_DIR"]), names, jobs
+        )
         (work / "config").write_text(config)
         key = ArtifactKey(
             "kernel", recipe.release, recipe.release, compiler_text(config), config_hash(config)

@@ -8,6 +8,28 @@ import subprocess
 from pathlib import Path
 
 GCC = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0"
+# What pve-kernel's maintainer scripts do (debian/proxmox-kernel.postinst.in, .postrm.in, in
+# Perl there): index the modules and run the kernel hooks (initramfs-tools, proxmox-boot-tool's
+# ESP sync), skipped in the installer; on removal run the postrm hooks and drop the initramfs.
+POSTINST = """#!/bin/sh
+set -e
+[ "$1" = configure ] || exit 0
+[ -e /proxmox_install_mode ] && exit 0
+depmod @KVNAME@
+if [ -d /etc/kernel/postinst.d ]; then
+    run-parts --verbose --exit-on-error --arg=@KVNAME@ --arg=/boot/vmlinuz-@KVNAME@ \\
+        /etc/kernel/postinst.d
+fi
+"""
+POSTRM = """#!/bin/sh
+set -e
+[ "$1" = upgrade ] && exit 0
+if [ -d /etc/kernel/postrm.d ]; then
+    run-parts --verbose --exit-on-error --arg=@KVNAME@ --arg=/boot/vmlinuz-@KVNAME@ \\
+        /etc/kernel/postrm.d
+fi
+rm -f /boot/initrd.img-@KVNAME@ /boot/initrd.img-@KVNAME@.bak /var/lib/initramfs-tools/@KVNAME@
+"""
 
 
 def kernel_deb(
@@ -21,7 +43,8 @@ def kernel_deb(
 ) -> Path:
     """A linux-image-<release> .deb in ``out``; ``usr_merged``: modules under usr/lib as
     pve-kernel's packaging puts them; ``proxmox``: named proxmox-kernel-<release> as
-    pve-kernel's debian/rules names it (PMX_KERNEL_PKG), modules under usr/lib."""
+    pve-kernel's debian/rules names it (PMX_KERNEL_PKG), modules under usr/lib, with its
+    maintainer scripts (POSTINST, POSTRM: on a twin, dpkg -i runs the kernel hooks)."""
     usr_merged = usr_merged or proxmox
     package = f"{'proxmox-kernel' if proxmox else 'linux-image'}-{release}"
     tree = out / f"tree-{package}-{int(zfs)}{int(acs)}"
@@ -32,6 +55,10 @@ def kernel_deb(
         f"Package: {package}\nVersion: {release}-1\nArchitecture: amd64\n"
         "Maintainer: gpuhost tests <root@localhost>\nDescription: test kernel\n"
     )
+    if proxmox:
+        for name, script in (("postinst", POSTINST), ("postrm", POSTRM)):
+            (tree / "DEBIAN" / name).write_text(script.replace("@KVNAME@", release))
+            (tree / "DEBIAN" / name).chmod(0o755)
     (tree / f"boot/vmlinuz-{release}").write_bytes(b"\x1f\x8b compressed image, no symbols")
     (tree / f"boot/config-{release}").write_text(
         f'CONFIG_CC_VERSION_TEXT="{gcc}"\nCONFIG_MODULES=y\n'

@@ -9,7 +9,7 @@ from submodules/zfsonlinux by `make kernel`, debian/ copied with its control gen
 `dpkg-buildpackage -b -uc -us` in BUILD_DIR. Its debian/rules applies config options with
 scripts/config + olddefconfig, compiles the kernel, builds zfs.ko and spl.ko against it,
 installs usr/lib/modules/KVNAME (zfs/ for ZFS), boot/{config,System.map,vmlinuz}-KVNAME, runs
-depmod, and packs proxmox-kernel-KVNAME and proxmox-headers-KVNAME with debhelper.
+depmod, and packs proxmox-kernel-KVNAME (with maintainer scripts that run the kernel hooks) and proxmox-headers-KVNAME with debhelper.
 
 Where it differs, for CI's two cores: the kernel source is Debian's linux-source-6.1 (the tree
 tests/build/kernel_cache.py unpacks), hard-linked rather than copied (patch and sed -i write new
@@ -18,7 +18,8 @@ built with ARCH=x86_64 (tinyconfig is 32-bit otherwise); zfs and spl are two sma
 built with Kbuild's M= (real zfs runs autogen/configure, which reads CC from the environment
 make exports); the headers package holds what an out-of-tree build reads from the object tree
 (config, Module.symvers, generated headers), not a whole source tree; no meta, tools, dbgsym or
-signing-template packages, no ABI or firmware checks.
+signing-template packages, no ABI or firmware checks. The kernel package's maintainer
+scripts are tests/kerneldebs.py's (depmod, then the /etc/kernel hooks, as Proxmox's do).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+
+from tests.kerneldebs import POSTINST, POSTRM
 
 KREL = "2"  # 6.1.X-2-pve: not the plain build's 6.1.X-1-pve (tests/build/kernel_cache.py)
 MAKEFILE = """\
@@ -79,6 +82,8 @@ debian.prepared: debian
 \tprintf '%s\\n' KVNAME=$(KVNAME) KERNEL_SRC=$(KERNEL_SRC) MODULES=$(MODULES) \\
 \t    ZFSDIR=$(ZFSDIR) KBUILD_ARCH=$(KBUILD_ARCH) >$(BUILD_DIR)/debian/env.mk
 \tsed -e 's/@KVNAME@/$(KVNAME)/g' debian/control.in >$(BUILD_DIR)/debian/control
+\tfor s in postinst postrm; do sed -e 's/@KVNAME@/$(KVNAME)/g' debian/proxmox-kernel.$$s.in \\
+\t    >$(BUILD_DIR)/debian/$(PACKAGE).$$s; chmod 755 $(BUILD_DIR)/debian/$(PACKAGE).$$s; done
 \ttouch $@
 
 $(KERNEL_SRC).prepared: $(KERNEL_SRC_SUBMODULE)
@@ -283,6 +288,8 @@ def write_standin(dest: Path, kernel: Path, krel: str = KREL) -> Path:
         "Makefile": MAKEFILE.format(maj=maj, min=mnr, patchlevel=patchlevel, krel=krel),
         "debian/rules": RULES,
         "debian/control.in": CONTROL,
+        "debian/proxmox-kernel.postinst.in": POSTINST,
+        "debian/proxmox-kernel.postrm.in": POSTRM,
         "debian/changelog": CHANGELOG.format(version=f"{maj}.{mnr}.{patchlevel}-{krel}"),
         "patches/kernel/0001-stand-in-accept-pcie_acs_override.patch": acs_patch(kernel),
         "submodules/zfsonlinux/Makefile": ZFS_MAKEFILE,

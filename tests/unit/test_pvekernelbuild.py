@@ -117,3 +117,10 @@ def test_git_repos_are_cloned_with_their_submodules(tmp_path):
         cwd=tmp_path,
     )
     assert (dest / "submodules/zfsonlinux/README").read_text() == "zfs"
+
+
+def test_a_build_dir_outside_the_tree_is_refused(standin):
+    makefile = standin / "Makefile"
+    makefile.write_text(makefile.read_text().replace("BUILD_DIR=proxmox-kernel-", "BUILD_DIR=../"))
+    with pytest.raises(KernelBuildError, match=r"BUILD_DIR='\.\./6\.1\.192' is not a plain file"):
+        tree_variables(standin)
