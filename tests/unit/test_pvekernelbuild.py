@@ -10,8 +10,9 @@ import pytest
 
 from gpuhost.artifacts import ArtifactStore
 from gpuhost.kernelbuild import CLONE_OPTIONS, KernelBuildError, KernelRecipe, build, plain_pve_note
-from gpuhost.pvekernelbuild import is_pve_tree, tree_variables
+from gpuhost.pvekernelbuild import is_pve_tree, tree_variables, verify
 from tests.build.pvekernel_standin import write_standin
+from tests.kerneldebs import headers_deb, kernel_deb
 
 RELEASE = "6.1.192-2-pve"
 
@@ -124,3 +125,33 @@ def test_a_build_dir_outside_the_tree_is_refused(standin):
     makefile.write_text(makefile.read_text().replace("BUILD_DIR=proxmox-kernel-", "BUILD_DIR=../"))
     with pytest.raises(KernelBuildError, match=r"BUILD_DIR='\.\./6\.1\.192' is not a plain file"):
         tree_variables(standin)
+
+
+def built(tmp_path: Path, zfs: bool, acs: bool) -> tuple[list[Path], dict[str, str]]:
+    """What the packaging left, as real packages (tests/kerneldebs.py), and the tree's names."""
+    debs = [
+        kernel_deb(tmp_path, RELEASE, zfs=zfs, acs=acs, proxmox=True),
+        headers_deb(tmp_path, RELEASE, proxmox=True),
+    ]
+    names = {"PACKAGE": f"proxmox-kernel-{RELEASE}", "HDRPACKAGE": f"proxmox-headers-{RELEASE}"}
+    return debs, names
+
+
+def test_packages_without_zfs_or_the_acs_patch_are_not_stored(tmp_path):
+    debs, names = built(tmp_path / "ok", zfs=True, acs=True)
+    assert "CONFIG_MODULES=y" in verify(debs, names, RELEASE, ["CONFIG_MODULES=y"])
+    debs, names = built(tmp_path / "nozfs", zfs=False, acs=True)
+    with pytest.raises(KernelBuildError, match=r"lacks zfs\.ko: .*not stored"):
+        verify(debs, names, RELEASE, [])
+    debs, names = built(tmp_path / "noacs", zfs=True, acs=False)
+    with pytest.raises(KernelBuildError, match="lacks the pcie_acs_override patch"):
+        verify(debs, names, RELEASE, [])
+
+
+def test_a_fragment_line_the_packaging_overrode_is_refused_by_name(tmp_path):
+    debs, names = built(tmp_path, zfs=True, acs=True)
+    with pytest.raises(KernelBuildError, match=r"config lacks CONFIG_PRINTK=y"):
+        verify(debs, names, RELEASE, ["CONFIG_MODULES=y", "CONFIG_PRINTK=y"])
+    debs[1].rename(tmp_path / "elsewhere.deb")
+    with pytest.raises(KernelBuildError, match=f"not proxmox-headers-{RELEASE}"):
+        verify(debs, names, RELEASE, [])
