@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from pyinfra.api.exceptions import PyinfraError
 from gpuhost import buildhost
 from gpuhost.artifacts import ArtifactStore
 from gpuhost.inventory import load_hosts
-from gpuhost.kernelbuild import KernelRecipe, build, local_jobs, source_tree
+from gpuhost.kernelbuild import KernelRecipe, build, local_jobs, plain_pve_note, source_tree
 from gpuhost.spec import HostSpec
 
 
@@ -69,6 +70,7 @@ def build_for(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     where = result.artifact.directory
+    _note(name, spec.kernel.version, list(result.artifact.files))
     if result.cached:
         return f"{name}: already in the store: {where}"
     return f"{name}: built {spec.kernel.version} into {where}"
@@ -101,9 +103,16 @@ def _build_remote(
     finally:
         host.disconnect()
     where = f"{builder}:{answer['directory']}"
+    _note(name, spec.kernel.version, list(answer.get("files", [])))
     if answer["cached"]:
         return f"{name}: already in the store: {where}"
     return f"{name}: built {spec.kernel.version} on {builder} (-j{answer['jobs']}) into {where}"
+
+
+def _note(name: str, release: str, files: list[str]) -> None:
+    note = plain_pve_note(release, files)
+    if note:
+        print(f"{name}: {note}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -90,10 +90,14 @@ def source_tree(repo: str, ref: str, work: Path) -> Path:
     return Path(repo) if repo.startswith("/") else clone(repo, ref, work)
 
 
+CLONE_OPTIONS = ("--quiet", "--depth", "1", "--recurse-submodules", "--shallow-submodules")
+
+
 def clone(repo: str, ref: str, work: Path) -> Path:
-    """A shallow clone of ``repo`` at ``ref`` (branch or tag) under ``work``."""
+    """A shallow clone of ``repo`` at ``ref`` (branch or tag) under ``work``, with its
+    submodules (a pve-kernel tree's kernel and zfs sources are submodules)."""
     dest = work / f"src-{hashlib.sha256(repo.encode()).hexdigest()[:12]}"
-    argv = ["git", "clone", "--quiet", "--depth", "1", "--branch", ref, "--", repo, str(dest)]
+    argv = ["git", "clone", *CLONE_OPTIONS, "--branch", ref, "--", repo, str(dest)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         # git's message may quote the URL; the grammar already refused credentials in it.
@@ -295,6 +299,19 @@ def configure(recipe: KernelRecipe, obj: Path) -> Configured:
     return Configured(config, config_hash(config), compiler_text(config), release)
 
 
+def plain_pve_note(release: str, files: list[str]) -> str | None:
+    """What to tell the user who built a ``-pve`` release from a plain Kbuild tree: allowed
+    (test kernels, hosts without ZFS), but it lacks what Proxmox's packaging adds, and deploys
+    refuse it where that matters (gpuhost/kernelfeatures.py)."""
+    if not release.endswith("-pve") or any(f.startswith("proxmox-kernel-") for f in files):
+        return None
+    return (
+        f"note: {release} was built from a plain Kbuild tree (make bindeb-pkg): it has no zfs.ko "
+        "and no pcie_acs_override patch, so deploys refuse it on hosts that use ZFS or set "
+        "boot.acs_override. For a Proxmox kernel point kernel.build.repo at a pve-kernel tree"
+    )
+
+
 def _package(deb: Path, field_name: str) -> str:
     done = subprocess.run(
         ["dpkg-deb", "-f", str(deb), field_name], capture_output=True, text=True, check=True
@@ -318,7 +335,12 @@ def building(store: ArtifactStore, digest: str) -> Iterator[None]:
 
 
 def build(recipe: KernelRecipe, store: ArtifactStore, work: Path, jobs: int) -> BuildResult:
-    """Build the recipe's .debs into ``store`` once; later calls return them without building."""
+    """Build the recipe's .debs into ``store`` once; later calls return them without building.
+    A pve-kernel tree goes through its own packaging (gpuhost/pvekernelbuild.py)."""
+    from gpuhost import pvekernelbuild  # it builds on this module's helpers
+
+    if pvekernelbuild.is_pve_tree(recipe.tree):
+        return pvekernelbuild.build_pve(recipe, store, work, jobs)
     tree_version(recipe.tree)  # a kernel tree at all: say so before hashing or making anything
     if recipe.base_config not in BASE_TARGETS and not Path(recipe.base_config).is_file():
         raise KernelBuildError(

@@ -19,8 +19,6 @@ from gpuhost.toolchain import ToolchainError, parse_compiler
 # Packages of a Proxmox kernel by release (formats.md §6): the image (the -signed build
 # provides this name) and the headers NVIDIA modules are built against.
 PROXMOX_PACKAGES = ("proxmox-kernel-{release}", "proxmox-headers-{release}")
-# A kernel image package: `make bindeb-pkg`'s, or pve-kernel's packaging's.
-IMAGE_PACKAGES = ("linux-image-", "proxmox-kernel-")
 
 
 class KernelStoreError(RuntimeError):
@@ -91,16 +89,19 @@ def stored_kernel(store: StoreReader, release: str, gcc: str) -> Artifact:
     return artifact
 
 
+# The image package's name: `make bindeb-pkg`'s, or pve-kernel's (debian/rules PMX_KERNEL_PKG).
+IMAGE_PREFIXES = ("linux-image-", "proxmox-kernel-")
+
+
 def _debs(artifact: Artifact) -> tuple[str, ...]:
     """The image before the headers (the headers package does not depend on it, but a reader
     of dpkg's output expects the kernel first)."""
     names = sorted(n for n in artifact.files if n.endswith(".deb"))
-    names.sort(key=lambda n: not n.startswith(IMAGE_PACKAGES))
-    if not any(n.startswith(IMAGE_PACKAGES) for n in names):
+    names.sort(key=lambda n: not n.startswith(IMAGE_PREFIXES))
+    if not any(n.startswith(IMAGE_PREFIXES) for n in names):
         raise KernelStoreError(
-            f"{artifact.directory} holds no kernel image .deb (linux-image-* or proxmox-kernel-*: "
-            f"{', '.join(names) or 'no .debs'}); "
-            "remove it and build again"
+            f"{artifact.directory} holds no kernel image .deb (linux-image-* or proxmox-kernel-*; "
+            f"it has {', '.join(names) or 'no .debs'}); remove it and build again"
         )
     return tuple(str(artifact.file(n)) for n in names)
 

@@ -1,5 +1,5 @@
 """The kernel build as a build host runs it (artifacts.build_host): `gpuhost build` uploads this
-module with the three it imports and runs
+module with the ones it imports and runs
 
     python3 -m gpuhost.remotebuild <request as base64 JSON>
 
@@ -25,7 +25,16 @@ from gpuhost.artifacts import ArtifactError, ArtifactStore
 from gpuhost.kernelbuild import KernelBuildError, KernelRecipe, build, local_jobs, source_tree
 
 # What the control machine uploads beside this module (the package needs no more to build).
-MODULES = ("__init__.py", "artifacts.py", "grammar.py", "kernelbuild.py", "remotebuild.py")
+MODULES = (
+    "__init__.py",
+    "artifacts.py",
+    "grammar.py",
+    "kernelbuild.py",
+    "pvekernelbuild.py",
+    "kernelfeatures.py",
+    "debinfo.py",
+    "remotebuild.py",
+)
 
 
 def encode(request: dict) -> str:

@@ -62,22 +62,24 @@ class KernelBuild(Model):
 
     repo: GitRepo = Field(
         description="The kernel source tree (a top-level Makefile with VERSION/PATCHLEVEL/"
-        "SUBLEVEL): an absolute path on the build machine, used as it is (an unpacked tarball or "
+        "SUBLEVEL), or a pve-kernel tree (its Makefile defines KVNAME; built through its own "
+        "packaging into proxmox-kernel/proxmox-headers packages): an absolute path on the build machine, used as it is (an unpacked tarball or "
         "a checkout; `ref` is not applied to it), or a git URL (https://, ssh://, user@host:path) "
-        "that `gpuhost build` clones at `ref`; no credentials in the URL."
+        "that `gpuhost build` clones at `ref` with its submodules; no credentials in the URL."
     )
     ref: GitRef = Field("bookworm-6.14", description="Branch or tag to clone from a git URL.")
     base_config: BaseConfig = Field(
         "defconfig",
         description="The config the fragment is applied to: 'tinyconfig', 'defconfig' or "
         "'allnoconfig' (make targets), or the absolute path of a config file on the build "
-        "machine (e.g. the operator's 6.14 config).",
+        "machine (e.g. the operator's 6.14 config). A pve-kernel tree: left out, the tree's own "
+        "config; a file replaces it; make targets are refused.",
     )
     localversion: LocalVersion | None = Field(
         None,
         description="LOCALVERSION for make, e.g. '-2-bpo12-pve'. None: what follows X.Y.Z in "
         "kernel.version. `make -s kernelrelease` must equal kernel.version before anything is "
-        "compiled.",
+        "compiled. Not used for a pve-kernel tree: its KVNAME (KREL, KREL_EXTRA) is the release.",
     )
     config: dict[ConfigName, ConfigValue] = Field(
         default_factory=dict,

@@ -9,24 +9,62 @@ import subprocess
 from pathlib import Path
 
 GCC = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0"
+# What pve-kernel's maintainer scripts do (debian/proxmox-kernel.postinst.in, .postrm.in, in
+# Perl there): index the modules and run the kernel hooks (initramfs-tools, proxmox-boot-tool's
+# ESP sync), skipped in the installer; on removal run the postrm hooks and drop the initramfs.
+POSTINST = """#!/bin/sh
+set -e
+[ "$1" = configure ] || exit 0
+[ -e /proxmox_install_mode ] && exit 0
+depmod @KVNAME@
+if [ -d /etc/kernel/postinst.d ]; then
+    run-parts --verbose --exit-on-error --arg=@KVNAME@ --arg=/boot/vmlinuz-@KVNAME@ \\
+        /etc/kernel/postinst.d
+fi
+"""
+POSTRM = """#!/bin/sh
+set -e
+[ "$1" = upgrade ] && exit 0
+if [ -d /etc/kernel/postrm.d ]; then
+    run-parts --verbose --exit-on-error --arg=@KVNAME@ --arg=/boot/vmlinuz-@KVNAME@ \\
+        /etc/kernel/postrm.d
+fi
+rm -f /boot/initrd.img-@KVNAME@ /boot/initrd.img-@KVNAME@.bak /var/lib/initramfs-tools/@KVNAME@
+"""
 
 
 def kernel_deb(
-    out: Path, release: str, zfs: bool, acs: bool, usr_merged: bool = False, gcc: str = GCC
+    out: Path,
+    release: str,
+    zfs: bool,
+    acs: bool,
+    usr_merged: bool = False,
+    gcc: str = GCC,
+    proxmox: bool = False,
+    config: str | None = None,
 ) -> Path:
     """A linux-image-<release> .deb in ``out``; ``usr_merged``: modules under usr/lib as
-    pve-kernel's trixie packaging puts them."""
-    tree = out / f"tree-{release}-{int(zfs)}{int(acs)}"
+    pve-kernel's packaging puts them; ``proxmox``: named proxmox-kernel-<release> as
+    pve-kernel's debian/rules names it (PMX_KERNEL_PKG), modules under usr/lib, with its
+    maintainer scripts (POSTINST, POSTRM: on a twin, dpkg -i runs the kernel hooks); ``config``:
+    the kernel's .config (default: its compiler and CONFIG_MODULES only)."""
+    usr_merged = usr_merged or proxmox
+    package = f"{'proxmox-kernel' if proxmox else 'linux-image'}-{release}"
+    tree = out / f"tree-{package}-{int(zfs)}{int(acs)}"
     mods = tree / ("usr/lib" if usr_merged else "lib") / "modules" / release
     (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
     (tree / "boot").mkdir(exist_ok=True)
     (tree / "DEBIAN/control").write_text(
-        f"Package: linux-image-{release}\nVersion: {release}-1\nArchitecture: amd64\n"
+        f"Package: {package}\nVersion: {release}-1\nArchitecture: amd64\n"
         "Maintainer: gpuhost tests <root@localhost>\nDescription: test kernel\n"
     )
+    if proxmox:
+        for name, script in (("postinst", POSTINST), ("postrm", POSTRM)):
+            (tree / "DEBIAN" / name).write_text(script.replace("@KVNAME@", release))
+            (tree / "DEBIAN" / name).chmod(0o755)
     (tree / f"boot/vmlinuz-{release}").write_bytes(b"\x1f\x8b compressed image, no symbols")
     (tree / f"boot/config-{release}").write_text(
-        f'CONFIG_CC_VERSION_TEXT="{gcc}"\nCONFIG_MODULES=y\n'
+        config or f'CONFIG_CC_VERSION_TEXT="{gcc}"\nCONFIG_MODULES=y\n'
     )
     symbols = "ffffffff81000000 T _stext\n"
     if acs:
@@ -38,7 +76,29 @@ def kernel_deb(
         (mods / "zfs").mkdir(exist_ok=True)
         for name in ("zfs", "spl"):
             (mods / f"zfs/{name}.ko").write_bytes(b"\x7fELF")
-    deb = out / f"linux-image-{release}_{release}-1_amd64.deb"
+    deb = out / f"{package}_{release}-1_amd64.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)],
+        check=True,
+        capture_output=True,
+    )
+    return deb
+
+
+def headers_deb(out: Path, release: str, proxmox: bool = False) -> Path:
+    """The headers package beside :func:`kernel_deb`'s image (linux-headers-<release>, or
+    proxmox-headers-<release>): the source tree's config and the modules' build link."""
+    package = f"{'proxmox-headers' if proxmox else 'linux-headers'}-{release}"
+    tree = out / f"tree-{package}"
+    src = tree / f"usr/src/linux-headers-{release}"
+    (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
+    src.mkdir(parents=True, exist_ok=True)
+    (tree / "DEBIAN/control").write_text(
+        f"Package: {package}\nVersion: {release}-1\nArchitecture: amd64\n"
+        "Maintainer: gpuhost tests <root@localhost>\nDescription: test kernel headers\n"
+    )
+    (src / ".config").write_text(f'CONFIG_CC_VERSION_TEXT="{GCC}"\nCONFIG_MODULES=y\n')
+    deb = out / f"{package}_{release}-1_amd64.deb"
     subprocess.run(
         ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)],
         check=True,
@@ -48,16 +108,12 @@ def kernel_deb(
 
 
 def proxmox_debs(out: Path, release: str, twin_root: Path, gcc: str = GCC) -> list[Path]:
-    """proxmox-kernel-<release> and proxmox-headers-<release> as pve-kernel's debian/rules lays
-    them out (modules under usr/lib with zfs/zfs.ko and spl.ko, depmod's index built at package
-    time, System.map with the ACS patch's setup function); the headers are the twin's Debian
-    headers re-stamped as <release> (twin/modbuild.py), so the NVIDIA modules build against them
-    on the twin."""
+    """proxmox-kernel-<release> (:func:`kernel_deb`) and proxmox-headers-<release> whose headers
+    are the twin's Debian headers re-stamped as <release> (twin/modbuild.py), so NVIDIA modules
+    build against them on the twin and load into the kernel: one .config for both, as
+    pve-kernel installs it into the image and the headers (its vermagic decides)."""
     from twin import modbuild
 
-    image = kernel_deb(out, release, zfs=True, acs=True, usr_merged=True, gcc=gcc)
-    tree = out / f"tree-{release}-11"
-    # One .config for the image and its headers, as pve-kernel installs it into both.
     debian = modbuild.debian_headers(twin_root)
     assert debian is not None, f"no Debian headers under {twin_root}/usr/src"
     config = re.sub(
@@ -66,43 +122,21 @@ def proxmox_debs(out: Path, release: str, twin_root: Path, gcc: str = GCC) -> li
         (debian / ".config").read_text(),
         flags=re.M,
     )  # the compiler the store's key names, as a build records it in both
-    (tree / "boot" / f"config-{release}").write_text(config)
-    mods = tree / "usr/lib/modules" / release
-    (mods / "modules.dep").write_text(
-        "kernel/drivers/block/loop.ko:\nzfs/zfs.ko: zfs/spl.ko\nzfs/spl.ko:\n"
-    )
-    control = (tree / "DEBIAN/control").read_text()
-    (tree / "DEBIAN/control").write_text(
-        control.replace(f"linux-image-{release}", f"proxmox-kernel-{release}")
-    )
-    # pve-kernel's postinst runs depmod and then the kernel hooks (initramfs-tools builds the
-    # initramfs, zz-proxmox-boot syncs the ESPs): debian/proxmox-kernel.postinst.in. The index
-    # is shipped built here (the stand-in .ko files are not ELF objects depmod could read).
-    postinst = tree / "DEBIAN/postinst"
-    postinst.write_text(
-        '#!/bin/sh\nset -e\n[ "$1" = configure ] || exit 0\n'
-        f"run-parts --verbose --exit-on-error --arg={release} --arg=/boot/vmlinuz-{release} "
-        "/etc/kernel/postinst.d\n"
-    )
-    postinst.chmod(0o755)
-    image.unlink()
-    image = out / f"proxmox-kernel-{release}_{release}-1_amd64.deb"
-    headers = out / f"headers-{release}"
+    image = kernel_deb(out, release, zfs=True, acs=True, gcc=gcc, proxmox=True, config=config)
+    headers = out / f"stamped-headers-{release}"
     modbuild.stamp_headers(twin_root, release, headers)
-    (headers / "usr/lib/modules" / release).mkdir(parents=True, exist_ok=True)
-    (headers / "usr/lib/modules" / release / "build").symlink_to(
-        f"/usr/src/linux-headers-{release}"
-    )
+    build = headers / "usr/lib/modules" / release / "build"
+    build.parent.mkdir(parents=True, exist_ok=True)
+    build.symlink_to(f"/usr/src/linux-headers-{release}")
     (headers / "DEBIAN").mkdir(exist_ok=True)
     (headers / "DEBIAN/control").write_text(
         f"Package: proxmox-headers-{release}\nVersion: {release}-1\nArchitecture: amd64\n"
         "Maintainer: gpuhost tests <root@localhost>\nDescription: test kernel headers\n"
     )
     headers_deb = out / f"proxmox-headers-{release}_{release}-1_amd64.deb"
-    for src, deb in ((tree, image), (headers, headers_deb)):
-        subprocess.run(
-            ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(src), str(deb)],
-            check=True,
-            capture_output=True,
-        )
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(headers), str(headers_deb)],
+        check=True,
+        capture_output=True,
+    )
     return [image, headers_deb]

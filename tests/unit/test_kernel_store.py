@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 
 from gpuhost.artifacts import ArtifactKey, ArtifactStore
+from gpuhost.kernelfeatures import package_features
 from gpuhost.kernelstore import (
     KernelStoreError,
     installed_problem,
     plan_install,
     stored_kernel,
 )
+from tests.kerneldebs import headers_deb, kernel_deb
 
 RELEASE = "6.14.8-2-bpo12-pve"
 GCC12 = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0"
@@ -93,3 +95,19 @@ def test_an_installed_kernel_by_another_gcc_is_named():
     assert installed_problem(RELEASE, None, "12.2.0") is None
     problem = installed_problem(RELEASE, GCC13, "12.2.0")
     assert problem is not None and GCC13 in problem and "toolchain.gcc" in problem
+
+
+def test_a_proxmox_packaged_build_installs_image_first(tmp_path):
+    """What the pve-kernel packaging leaves (proxmox-kernel-*, proxmox-headers-*), made by the
+    real dpkg-deb, installs like a linux-image build: the image package first."""
+    store = ArtifactStore(tmp_path / "store")
+    debs = [
+        headers_deb(tmp_path, RELEASE, proxmox=True),
+        kernel_deb(tmp_path, RELEASE, zfs=True, acs=True, proxmox=True),
+    ]
+    store.put(ArtifactKey("kernel", RELEASE, RELEASE, GCC12, "pve"), debs)
+    install = plan_install(RELEASE, "build", "12.2.0", store)
+    names = [d.rsplit("/", 1)[-1] for d in install.debs]
+    assert names == [f"proxmox-kernel-{RELEASE}_{RELEASE}-1_amd64.deb", debs[0].name]
+    features = package_features(install.debs[0], RELEASE)
+    assert features.zfs and features.acs_override
