@@ -80,11 +80,12 @@ def ct(twin: TwinHandle, op: str) -> None:
     assert rc == 0, err
 
 
-def provision(twin: TwinHandle, modules: ModuleCache, inv: Path) -> Path:
-    """A kpro6 twin as deployed, with its GPU split and guests in place (benchmarks use it too)."""
+def provision(twin: TwinHandle, modules: ModuleCache, inv: Path, spec: dict = SPEC) -> Path:
+    """A kpro6 twin as deployed, with its GPU split and guests in place (benchmarks and the
+    PVE 9 test, with its own spec, use it too)."""
     with_driver(twin, modules, VERSION)
     userspace.install_root(twin.root, VERSION)
-    inventory(inv, twin, SPEC)
+    inventory(inv, twin, spec)
     result = deploy(inv)
     assert result.rc == 0, result.output[-3000:]
     twin.run(PVE_DIRS)

@@ -293,6 +293,14 @@ def node_name(root: Path) -> str:
     return socket.gethostname().split(".")[0]
 
 
+def pve_release(root: Path) -> int:
+    """The Proxmox VE major release the twin runs (pve.json, from the profile's `pve:`)."""
+    info = root / TWIN_STATE / "pve.json"
+    if info.exists():
+        return int(json.loads(info.read_text()).get("pve", 8))
+    return 8
+
+
 def config_dir(root: Path, kind: str) -> Path:
     sub = "lxc" if kind == "lxc" else "qemu-server"
     return root / "etc/pve/nodes" / node_name(root) / sub
