@@ -145,6 +145,25 @@ def _setup(root: Path) -> None:
     subprocess.run(["chroot", str(root), "apt-get", "clean"], check=True)
 
 
+def _drop_debian_kernel(root: Path) -> None:
+    """trixie's linux-headers-<ver>-amd64 depends on its linux-image (bookworm's does not), so the
+    base gets a Debian kernel no Proxmox host has: its /boot files would be an installed kernel
+    to the twin's loader (/boot/vmlinuz-*) and its module tree is ~100 MB. The headers, and the
+    /lib/modules/<ver>/build link module builds use, stay; dpkg still lists the package."""
+    for path in (root / "boot").glob("*-amd64"):
+        path.unlink()
+    for tree in (root / "usr/lib/modules").glob("*-amd64"):
+        for child in tree.iterdir():
+            if child.name != "build":
+                shutil.rmtree(
+                    child
+                ) if child.is_dir() and not child.is_symlink() else child.unlink()
+
+
+# Setup steps only one suite needs (part of that suite's recipe hash).
+SUITE_SETUP = {"trixie": _drop_debian_kernel}
+
+
 def make_dev(dev: Path) -> None:
     """What a login needs in a chroot: the basic character devices and a pty master."""
     for name, major, minor in (
@@ -185,6 +204,8 @@ def check_suite(suite: str) -> str:
 
 def recipe_hash(suite: str = SUITE) -> str:
     steps = [inspect.getsource(_setup), inspect.getsource(make_dev)]
+    if check_suite(suite) in SUITE_SETUP:
+        steps.append(inspect.getsource(SUITE_SETUP[suite]))
     recipe = "\n".join([check_suite(suite), *SUITES[suite], *steps])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
@@ -262,6 +283,8 @@ def _build(target: Path, mirror: Mirror, log: bool, suite: str = SUITE) -> None:
             subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT)
             say(f"  packages installed ({time.monotonic() - t0:.0f} s); setting up the base")
             _setup(tmp)
+            if suite in SUITE_SETUP:
+                SUITE_SETUP[suite](tmp)
     except (subprocess.CalledProcessError, OSError) as exc:
         tail = logfile.read_text(errors="replace").splitlines()[-5:] if logfile.exists() else []
         raise RootfsError(

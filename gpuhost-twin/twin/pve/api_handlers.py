@@ -309,7 +309,8 @@ def create_guest(kind: str) -> Handler:
             conf.main.values[key] = _allocate(key, value, vmid)
         if kind == "lxc":
             conf.main.values.setdefault("arch", "amd64")
-            conf.main.values.setdefault("unprivileged", "1")
+            if cfg.pve_release(root) >= 9:  # pve-container 103068a (6.0.6+): CTs default to
+                conf.main.values.setdefault("unprivileged", "1")  # unprivileged; 5.x: privileged
             conf.main.values.setdefault("memory", "512")
             conf.main.values.setdefault("swap", "512")
         else:
