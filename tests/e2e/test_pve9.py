@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import deploy
-from tests.e2e.test_audit_twin import SPEC, audit, provision
+from tests.e2e.test_audit_twin import SPEC, audit, deploy_host, place_guests
 from twin import rootfs
 from twin.hwtesting import ModuleCache, needs_root
 
@@ -46,11 +46,15 @@ def test_main_deploy_converges_on_pve9_and_the_audit_passes(
     assert host.file("/proc/version").contains(f"^Linux version {KERNEL} .*gcc.* 14\\.2\\.0")
     assert twin.run("gcc-14 -dumpfullversion")[1].strip() == "14.2.0"
 
-    inv = provision(twin, trixie_modules, tmp_path / "kpro6.py", PVE9_SPEC)
+    inv = tmp_path / "kpro6.py"
+    first = deploy_host(twin, trixie_modules, inv, PVE9_SPEC)
+    assert first.reboots == 1, first.output[-3000:]  # the trial boot of the new command line
     assert twin.host.file("/proc/driver/nvidia/version").contains("gcc version 14.2.0")
-
     second = deploy(inv)
     assert second.rc == 0, second.output[-3000:]
     assert second.reboots == 0 and not second.changed, second.output[-3000:]
+
+    place_guests(twin)  # ct200 (trixie userland, pve-container 6 devN) and vm129 on vfio-pci
+    assert "VERSION_CODENAME=trixie" in twin.run("pct exec 200 -- cat /etc/os-release")[1]
     failed = audit(twin, inv)
     assert failed == {}, json.dumps(failed, indent=1)
