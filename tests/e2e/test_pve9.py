@@ -17,7 +17,6 @@ import pytest
 
 from tests.e2e.conftest import deploy
 from tests.e2e.test_audit_twin import SPEC, audit, deploy_host, place_guests
-from twin import rootfs
 from twin.hwtesting import ModuleCache, needs_root
 
 KERNEL = "6.14.8-2-pve"
@@ -28,12 +27,12 @@ PVE9_SPEC["toolchain"] = {"gcc": "14.2.0"}
 
 
 @pytest.fixture(scope="module")
-def trixie_modules() -> ModuleCache:
+def trixie_modules(trixie_base: Path) -> ModuleCache:
     """NVIDIA-named .ko files built in the trixie base with gcc-14 (cached per machine)."""
     problem = needs_root()
     if problem:
         pytest.skip(problem)
-    return ModuleCache(sysroot=rootfs.ensure_base(suite="trixie"), cc="gcc-14")
+    return ModuleCache(sysroot=trixie_base, cc="gcc-14")
 
 
 def test_main_deploy_converges_on_pve9_and_the_audit_passes(

@@ -22,7 +22,7 @@ import pytest
 
 from gpuhost.driverbuild import kmod_tool
 from gpuhost.vfioplan import VfioBinding, modprobe_conf
-from twin import hwsim, rootfs
+from twin import hwsim
 from twin import hwtesting as ht
 from twin.modbuild import in_sysroot
 
@@ -40,17 +40,6 @@ CLAIM = modprobe_conf(VfioBinding(("0000:c1:00.0",), ("nvidia",)))
 @pytest.fixture(scope="module")
 def cache() -> ht.ModuleCache:
     return ht.ModuleCache()
-
-
-@pytest.fixture(scope="module", params=["debian12", "debian13"])
-def kmod(request: pytest.FixtureRequest) -> Path | None:
-    """Whose kmod answers: None for this machine's, else the twin base it runs chrooted in."""
-    if request.param == "debian12":
-        return None
-    problem = ht.needs_root()
-    if problem:
-        pytest.skip(problem)
-    return rootfs.ensure_base(suite="trixie")
 
 
 def kmod_argv(base: Path | None, root: Path, tool: str, *args: str) -> list[str]:
@@ -104,7 +93,7 @@ def twin_kmod(root: Path) -> list[str]:
     return ["insmod"] * len(pre) + ["install" if install else "insmod"] + ["insmod"] * len(post)
 
 
-@pytest.mark.parametrize(
+CASES = pytest.mark.parametrize(
     ("softdep", "confs", "expected"),
     [
         # the real nvidia.ko's softdep: its comma makes one name kmod cannot find, so the
@@ -143,16 +132,29 @@ def twin_kmod(root: Path) -> list[str]:
         "first-install",
     ],
 )
-def test_the_twin_decides_as_real_kmod(tmp_path, cache, kmod, softdep, confs, expected) -> None:
-    root = tree(tmp_path, cache, softdep, kmod)
-    assert real_kmod(root, confs, kmod) == expected
+
+
+@CASES
+def test_the_twin_decides_as_real_kmod(tmp_path, cache, softdep, confs, expected) -> None:
+    root = tree(tmp_path, cache, softdep)
+    assert real_kmod(root, confs) == expected
     assert twin_kmod(root) == expected
 
 
-def test_first_install_line_is_the_one_that_runs(tmp_path, cache, kmod) -> None:
-    root = tree(tmp_path, cache, "", kmod)
+@CASES
+def test_the_twin_decides_as_trixies_kmod(
+    tmp_path, cache, trixie_base, softdep, confs, expected
+) -> None:
+    """PVE 9: Debian 13's kmod 34, run in the trixie base, decides each case the same."""
+    root = tree(tmp_path, cache, softdep, trixie_base)
+    assert real_kmod(root, confs, trixie_base) == expected
+    assert twin_kmod(root) == expected
+
+
+def test_first_install_line_is_the_one_that_runs(tmp_path, cache) -> None:
+    root = tree(tmp_path, cache, "")
     confs = {"aa-user.conf": "install nvidia /bin/true\n", "gpuhost-vfio.conf": CLAIM}
-    real_kmod(root, confs, kmod)
+    real_kmod(root, confs)
     hw = twin_hw(root)
     install, _, _ = hw.probe_plan("nvidia", hw.modprobe_conf())
     assert install == "/bin/true"
