@@ -46,10 +46,10 @@ PACKAGES = (
 SUITES: dict[str, tuple[str, ...]] = {
     SUITE: PACKAGES,
     "trixie": (
-        *(p for p in PACKAGES if p != "gcc-12"),
+        *(p for p in PACKAGES if p not in ("gcc-12", "linux-headers-amd64")),
         "gcc-14",
         "initramfs-tools",
-    ),
+    ),  # + linux-headers-amd64, unpacked by _unpack_headers
 }
 CACHE_ROOT = Path(os.environ.get("GPUHOST_TWIN_CACHE", "/var/cache/gpuhost-twin"))
 
@@ -145,23 +145,36 @@ def _setup(root: Path) -> None:
     subprocess.run(["chroot", str(root), "apt-get", "clean"], check=True)
 
 
-def _drop_debian_kernel(root: Path) -> None:
-    """trixie's linux-headers-<ver>-amd64 depends on its linux-image (bookworm's does not), so the
-    base gets a Debian kernel no Proxmox host has: its /boot files would be an installed kernel
-    to the twin's loader (/boot/vmlinuz-*) and its module tree is ~100 MB. The headers, and the
-    /lib/modules/<ver>/build link module builds use, stay; dpkg still lists the package."""
-    for path in (root / "boot").glob("*-amd64"):
-        path.unlink()
-    for tree in (root / "usr/lib/modules").glob("*-amd64"):
-        for child in tree.iterdir():
-            if child.name != "build":
-                shutil.rmtree(
-                    child
-                ) if child.is_dir() and not child.is_symlink() else child.unlink()
+def _unpack_headers(root: Path) -> None:
+    """trixie's linux-headers-<ver>-amd64 depends on its linux-image (bookworm's does not), so
+    installing it would bring a Debian kernel no Proxmox host has (the twin's loader would boot
+    its /boot files) and build that kernel's initrd, the slowest step of the base. A module build
+    needs its -common headers and linux-kbuild (installed, with their libraries) and the arch
+    headers, which are unpacked (dpkg -x): dpkg knows no kernel and apt sees no unmet dependency."""
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LC_ALL="C")
+
+    def chroot(*argv: str) -> str:
+        done = subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise RootfsError(f"{' '.join(argv)} in the base failed: {done.stderr.strip()[-500:]}")
+        return done.stdout
+
+    def depends(package: str) -> list[str]:
+        out = chroot("apt-cache", "depends", "--no-recommends", "--no-suggests", package)
+        return [line.split(":", 1)[1].strip() for line in out.splitlines() if "Depends:" in line]
+
+    (arch,) = [p for p in depends("linux-headers-amd64") if p.startswith("linux-headers-")]
+    parts = [p for p in depends(arch) if p.endswith("-common") or p.startswith("linux-kbuild-")]
+    chroot("apt-get", "install", "-y", "-q", "--no-install-recommends", *parts)
+    chroot("sh", "-c", 'cd /tmp && apt-get download -q "$1" 2>&1', "sh", arch)
+    for deb in sorted((root / "tmp").glob("*.deb")):
+        chroot("dpkg-deb", "-x", f"/tmp/{deb.name}", "/")
+        deb.unlink()
+    chroot("apt-get", "clean")
 
 
 # Setup steps only one suite needs (part of that suite's recipe hash).
-SUITE_SETUP = {"trixie": _drop_debian_kernel}
+SUITE_SETUP = {"trixie": _unpack_headers}
 
 
 def make_dev(dev: Path) -> None:
