@@ -42,7 +42,7 @@ PACKAGES = (
 # Debian 13, which PVE 9 is built on: the same roles with trixie's names. Its compiler is GCC 14
 # (gcc-14 14.2.0, what Proxmox's 6.14 kernels of the PVE 9 series are built with); kmod 34 and
 # initramfs-tools 0.148 are the real tools the twin's kmod and initramfs findings are checked
-# against (tests/twin/test_hw_kmod.py).
+# against (tests/twin/test_hw_kmod.py, tests/twin/test_hw_initramfs.py).
 SUITES: dict[str, tuple[str, ...]] = {
     SUITE: PACKAGES,
     "trixie": (
