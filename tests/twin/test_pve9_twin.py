@@ -63,6 +63,21 @@ def test_a_changed_dev_still_waits_for_the_next_start(ct101) -> None:
     assert opened(twin, "/dev/nvidia0") == errno.ENXIO
 
 
+def test_version_and_qemu_are_pve9s(twin) -> None:
+    out = twin.run("pvesh get /version --output-format json")[1]
+    assert '"release":"9.0"' in out.replace(" ", "") and '"version":"9.0.10"' in out.replace(
+        " ", ""
+    )
+    vm = "machine: q35\nname: vm140\n"
+    assert twin.run(f"cat > /etc/pve/qemu-server/140.conf <<'EOF'\n{vm}EOF")[0] == 0
+    rc, _, err = twin.run("qm start 140")
+    assert rc == 0, err
+    status = twin.run(f"pvesh get /nodes/{twin.name}/qemu/140/status/current --output-format json")
+    text = status[1].replace(" ", "")
+    assert '"running-machine":"pc-q35-10.0+pve0"' in text and '"running-qemu":"10.0.2"' in text
+    twin.run("qm stop 140")
+
+
 def test_created_containers_default_to_unprivileged(twin) -> None:
     rc, _, err = twin.run(f"pvesh create /nodes/{twin.name}/lxc --vmid 150 --hostname ct150")
     assert rc == 0, err

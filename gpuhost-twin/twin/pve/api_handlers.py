@@ -93,7 +93,7 @@ def typed(kind: str, values: dict[str, str]) -> dict[str, object]:
 
 
 def get_version(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-    return Result(dict(gst.PVE_VERSION))
+    return Result(dict(gst.PVE_VERSIONS[cfg.pve_release(root)]))
 
 
 def get_nodes(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
@@ -315,7 +315,8 @@ def create_guest(kind: str) -> Handler:
             conf.main.values.setdefault("swap", "512")
         else:
             conf.main.values.setdefault(
-                "meta", f"creation-qemu={gst.QEMU_VERSION},ctime={int(time.time())}"
+                "meta",
+                f"creation-qemu={gst.QEMU_VERSIONS[cfg.pve_release(root)]},ctime={int(time.time())}",
             )
             conf.main.values.setdefault("smbios1", f"uuid={uuid.uuid4()}")
             conf.main.values.setdefault("vmgenid", str(uuid.uuid4()))
