@@ -23,7 +23,7 @@ from tests.build.kernel_cache import BuiltKernel, built_kernel_store, missing
 TESTS = Path(__file__).parent
 TIERS = ("unit", "twin", "e2e", "build")
 # The fixtures that boot twins (gpuhost-twin's pytest plugin, tests/e2e/conftest.py) and build.
-TWIN_FIXTURES = frozenset({"twin", "twins", "twin_fleet", "twin_base", "fresh"})
+TWIN_FIXTURES = frozenset({"twin", "twins", "twin_fleet", "twin_base", "trixie_base", "fresh"})
 BUILD_FIXTURES = frozenset({"built_kernel"})
 
 

@@ -253,6 +253,37 @@ def exec_(twin: node.Twin, ctid: int, argv: list[str], stdin: str | None) -> dic
     return answer(res.returncode, res.stdout, res.stderr)
 
 
+def hotplug_device(twin: node.Twin, ctid: int, value: str) -> dict[str, Any]:
+    """PVE 9 (pve-container 6.0.4+, LXC.pm device_passthrough_hotplug): a devN added to a running
+    CT gets its node at once, with the CT's mode and owner, and the cgroup allows it (lxc-cgroup
+    devices.allow, then devices.deny w for deny-write). Proxmox bind-mounts a private node onto
+    the path; the twin makes the node there, which the guest sees the same way."""
+    if not is_running(twin, ctid):
+        return answer(255, stderr=f"container '{ctid}' not running!\n")
+    try:
+        rule = lxc_devices.device_rule(twin.root, lxc_devices.parse_device(value))
+    except PveError as exc:
+        return answer(255, stderr=f"{exc}\n")
+    where = ["-P", str(twin.dir / "lxc"), "-n", container_name(twin, ctid)]
+    path = "/" + rule.container_path
+    script = (
+        'mkdir -p "$(dirname "$1")" && rm -f "$1" && mknod "$1" "$2" "$3" "$4" && '
+        'chmod "$5" "$1" && chown "$6:$7" "$1"'
+    )
+    node_args = [path, rule.kind, str(rule.major), str(rule.minor), oct(rule.mode)[2:]]
+    steps = [
+        ["lxc-attach", *where, "--clear-env", "--", "sh", "-c", script, "sh", *node_args,
+         str(rule.uid), str(rule.gid)],
+        *(["lxc-cgroup", *where, f"devices.{line.split('.')[-1].split()[0]}",
+           line.split("=", 1)[1].strip()] for line in reversed(rule.cgroup_lines)),
+    ]  # fmt: skip
+    for argv in steps:
+        res = subprocess.run(argv, capture_output=True, text=True)
+        if res.returncode != 0:
+            return answer(255, stderr=f"hotplug of {path} failed: {res.stderr.strip()}\n")
+    return answer(0)
+
+
 def push(twin: node.Twin, ctid: int, file: str, dest: str, perms: Any) -> dict[str, Any]:
     """`pct push <ctid> <file> <dest> [--perms]`: the twin's file, written from inside the
     container (as pct does after entering its mount namespace), so a symlink in the guest

@@ -8,6 +8,7 @@ produces a .ko whose vermagic is "<kver> SMP preempt mod_unload modversions" (fe
     headers = stamp_headers(Path("/"), "6.8.12-9-pve", dest)         # dest/usr/src/linux-headers-...
     ko = build_module(headers, "nvidia", "580.159.04", workdir)      # gcc-12, like the kernel
     ko = build_module(headers, "nvidia", "580.159.04", workdir, cc="gcc-11")  # toolchain mismatch
+    ModuleCache(sysroot=trixie_base, cc="gcc-14")   # built inside a twin base (its headers, gcc)
     install_driver(root, "6.8.12-9-pve", "580.159.04", kos)           # + GSP firmware
 """
 
@@ -114,6 +115,16 @@ def stamp_headers(src_root: Path, kver: str, dest_root: Path) -> Path:
     return dest
 
 
+def in_sysroot(sysroot: Path, shared: Path, argv: list[str]) -> list[str]:
+    """argv, to run chrooted into sysroot (a twin base) with the directory ``shared`` on its
+    /mnt, in a private mount namespace: the bind mount is gone when the command ends, and the
+    base itself is never written to."""
+    script = 'mount --bind "$1" "$2/mnt" && shift 2 && exec chroot "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+            str(shared), str(sysroot), str(sysroot),
+            "env", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", *argv]  # fmt: skip
+
+
 MODULE_C = """\
 #include <linux/module.h>
 MODULE_LICENSE("{license}");
@@ -134,9 +145,14 @@ def build_module(
     cc: str = "gcc-12",
     license: str = "Dual MIT/GPL",
     softdep: str | None = None,
+    chroot: tuple[Path, Path] | None = None,
 ) -> Path:
     """Build a real, empty <name>.ko with version= against headers, with compiler cc, and its
-    MODULE_SOFTDEP (default: the real module's, SOFTDEPS; "" for none)."""
+    MODULE_SOFTDEP (default: the real module's, SOFTDEPS; "" for none).
+
+    chroot=(sysroot, shared): make runs chrooted into sysroot (a twin base: its gcc, its kbuild),
+    with the directory ``shared`` (holding headers and workdir) bind-mounted on sysroot's /mnt in
+    a private mount namespace, so the base itself is never written to."""
     src = workdir / f"{name}-{cc}"
     if src.exists():
         shutil.rmtree(src)
@@ -147,9 +163,14 @@ def build_module(
         MODULE_C.format(name=name, version=version, license=license, softdep=line)
     )
     (src / "Kbuild").write_text(f"obj-m := {name}.o\n")
-    cmd = ["make", "-s", "-C", str(headers), f"M={src}", f"CC={cc}", "modules"]
-    if cc != "gcc-12":
+    inside = (
+        (lambda p: p) if chroot is None else (lambda p: Path("/mnt") / p.relative_to(chroot[1]))
+    )
+    cmd = ["make", "-s", "-C", str(inside(headers)), f"M={inside(src)}", f"CC={cc}", "modules"]
+    if cc == "gcc-11":
         cmd[-1:-1] = GCC11_OVERRIDES
+    if chroot is not None:
+        cmd = in_sysroot(*chroot, cmd)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     ko = src / f"{name}.ko"
     if proc.returncode != 0 or not ko.exists():
@@ -182,13 +203,20 @@ class ModuleCache:
 
     Without a workdir they go to $GPUHOST_TWIN_CACHE/kmods (default /var/cache/gpuhost-twin),
     keyed by the Debian headers and the module source, so a machine builds each one once.
+    With a sysroot (a twin base, e.g. the trixie one) the modules are built inside it, against
+    its Debian headers with its compiler (``cc``, the default of ko()): what a kernel of that
+    base's series was built with.
     """
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(
+        self, workdir: Path | None = None, sysroot: Path | None = None, cc: str = "gcc-12"
+    ) -> None:
+        self.sysroot = sysroot
+        self.cc = cc
         if workdir is None:
-            headers = debian_headers(Path("/"))
+            headers = debian_headers(sysroot or Path("/"))
             recipe = hashlib.sha256(
-                f"{headers}{MODULE_C}{GCC11_OVERRIDES}{SOFTDEPS}".encode()
+                f"{sysroot}{headers}{MODULE_C}{GCC11_OVERRIDES}{SOFTDEPS}".encode()
             ).hexdigest()[:12]
             base = Path(os.environ.get("GPUHOST_TWIN_CACHE", "/var/cache/gpuhost-twin"))
             workdir = base / "kmods" / recipe
@@ -200,10 +228,11 @@ class ModuleCache:
         name: str,
         kver: str,
         version: str = CAPTURED_DRIVER,
-        cc: str = "gcc-12",
+        cc: str | None = None,
         license: str = "Dual MIT/GPL",
         softdep: str | None = None,
     ) -> Path:
+        cc = cc or self.cc
         key = f"{kver}/{cc}/{version}/{license.replace(' ', '_').replace('/', '_')}"
         if softdep is not None:  # another MODULE_SOFTDEP than the real module's
             key += "/softdep-" + hashlib.sha256(softdep.encode()).hexdigest()[:8]
@@ -219,7 +248,9 @@ class ModuleCache:
             if done.exists():  # built by another process while this one waited
                 return done
             if kver not in self.headers:
-                self.headers[kver] = stamp_headers(Path("/"), kver, self.workdir / "hdr" / kver)
+                self.headers[kver] = stamp_headers(
+                    self.sysroot or Path("/"), kver, self.workdir / "hdr" / kver
+                )
             built = build_module(
                 self.headers[kver],
                 name,
@@ -228,6 +259,7 @@ class ModuleCache:
                 cc=cc,
                 license=license,
                 softdep=softdep,
+                chroot=None if self.sysroot is None else (self.sysroot, self.workdir),
             )
             done.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(built, done.with_suffix(".tmp"))

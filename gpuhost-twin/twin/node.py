@@ -315,11 +315,11 @@ def start(twin: Twin) -> None:
 def start_fleet(count: int, profile: str | None, first: int = 1) -> list[Twin]:
     """Start twin<first>..twin<first+count-1> concurrently (skipping ones already running)."""
     check_machine()
-    base = rootfs.ensure_base()
+    # fail early, once, on a bad profile; its Proxmox release picks the Debian base
+    suite = load_profile(profile).debian_suite if profile is not None else rootfs.SUITE
+    base = rootfs.ensure_base(suite=suite)
     ensure_fleet()
-    _prune_bases(keep={base, *(Path(t.base) for t in list_twins())})
-    if profile is not None:
-        load_profile(profile)  # fail early, once, on a bad profile
+    _prune_bases(keep={base, *rootfs.current_bases(), *(Path(t.base) for t in list_twins())})
     twins = [Twin(twin_name(i), i, profile, str(base)) for i in range(first, first + count)]
     running = set()
     for t in list_twins():

@@ -240,6 +240,9 @@ class Profile(_Model):
     name: str
     description: str = ""
     hostname: str
+    # The Proxmox VE release the host runs; it picks the Debian userland the twin stands on
+    # (debian_suite: 8 bookworm, 9 trixie) and what the simulated Proxmox tools follow.
+    pve: Literal[8, 9] = 8
     cpu: Cpu
     memory_gib: int = Field(gt=0)
     boot: Boot
@@ -315,6 +318,11 @@ class Profile(_Model):
                         )
                     if matrix[c][r] != cell:
                         raise ValueError(f"{where} is not symmetric at [{r}][{c}]/[{c}][{r}]")
+
+    @property
+    def debian_suite(self) -> str:
+        """The Debian release this Proxmox VE release is built on (rootfs.SUITES has both)."""
+        return {8: "bookworm", 9: "trixie"}[self.pve]
 
     def kernel(self, version: str) -> Kernel | None:
         return next((k for k in self.kernels if k.version == version), None)

@@ -219,6 +219,15 @@ def twin_base() -> Path:
 
 
 @pytest.fixture(scope="session")
+def trixie_base() -> Path:
+    """The Debian 13 base PVE 9 twins stand on (built the first time; see twin/rootfs.py)."""
+    require_twins()
+    from twin import rootfs
+
+    return rootfs.ensure_base(suite="trixie")
+
+
+@pytest.fixture(scope="session")
 def twin_fleet() -> Iterator[Fleet]:
     fleet = Fleet()
     yield fleet

@@ -1,8 +1,10 @@
-"""The twin's base root filesystem: Debian 12 made once with debootstrap, cached by recipe.
+"""The twin's base root filesystems: Debian 12 or 13 made once with debootstrap, cached by recipe.
 
-Every twin (and every guest container) is an overlay whose lower layer is this tree, so the base is
-never written to after it is built. The cache key is a hash of the recipe (suite, packages and the
-source of the setup steps): change any of them and the next `ensure_base()` builds a new base.
+Every twin (and every guest container) is an overlay whose lower layer is one of these trees, so a
+base is never written to after it is built. A profile's `pve:` picks the suite
+(Profile.debian_suite: PVE 8 bookworm, PVE 9 trixie). The cache key is a hash of the recipe (suite,
+packages and the source of the setup steps): change any of them and the next `ensure_base()`
+builds a new base; each suite has its own.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SUITE = "bookworm"
+SUITE = "bookworm"  # the default suite: PVE 8's Debian 12
 # What a Proxmox GPU host needs for the deploys: a package manager, the real toolchain and real
 # Debian kernel headers for out-of-tree module builds, kmod, python3 (pyinfra facts and the twin's
 # shims), TLS roots; openssh-server is for the guest containers, which run their own sshd.
@@ -37,6 +39,18 @@ PACKAGES = (
     "openssh-server",
     "grub2-common",  # real grub-editenv (grub-common), grub-reboot, grub-set-default on grubenv
 )
+# Debian 13, which PVE 9 is built on: the same roles with trixie's names. Its compiler is GCC 14
+# (gcc-14 14.2.0, what Proxmox's 6.14 kernels of the PVE 9 series are built with); kmod 34 and
+# initramfs-tools 0.148 are the real tools the twin's kmod and initramfs findings are checked
+# against (tests/twin/test_hw_kmod.py, tests/twin/test_hw_initramfs.py).
+SUITES: dict[str, tuple[str, ...]] = {
+    SUITE: PACKAGES,
+    "trixie": (
+        *(p for p in PACKAGES if p not in ("gcc-12", "linux-headers-amd64")),
+        "gcc-14",
+        "initramfs-tools",
+    ),  # + linux-headers-amd64, unpacked by _unpack_headers
+}
 CACHE_ROOT = Path(os.environ.get("GPUHOST_TWIN_CACHE", "/var/cache/gpuhost-twin"))
 
 
@@ -50,17 +64,34 @@ class Mirror:
     keyring: str | None  # Signed-By of the apt entry, handed to debootstrap --keyring
 
 
-def find_mirror(etc_apt: Path = Path("/etc/apt")) -> Mirror:
-    """The Debian mirror this machine's apt uses for SUITE, or GPUHOST_TWIN_MIRROR."""
+def find_mirror(etc_apt: Path = Path("/etc/apt"), suite: str = SUITE) -> Mirror:
+    """The Debian mirror this machine's apt uses for suite, or GPUHOST_TWIN_MIRROR.
+
+    A machine whose apt lists only another Debian suite (a Debian 12 CI runner building the
+    trixie base) gets that suite's archive: one Debian archive serves every suite, and
+    debian-archive-keyring holds the keys that sign them."""
     override = os.environ.get("GPUHOST_TWIN_MIRROR")
     if override:
         return Mirror(override.rstrip("/"), None)
+    found = _apt_entry(etc_apt, suite)
+    for other in (s for s in SUITES if s != suite and found is None):
+        found = _apt_entry(etc_apt, other)
+        if found and found.keyring and "debian-archive-keyring" not in found.keyring:
+            found = None  # "<suite> main" of another archive (a vendor's) is no Debian mirror
+    if found:
+        return found
+    raise RootfsError(
+        f"no apt source for Debian '{suite}' main in {etc_apt}; set GPUHOST_TWIN_MIRROR=<mirror URL>"
+    )
+
+
+def _apt_entry(etc_apt: Path, suite: str) -> Mirror | None:
     for path in sorted((etc_apt / "sources.list.d").glob("*.sources")):
         for stanza in re.split(r"\n\s*\n", path.read_text()):
             fields = _deb822(stanza)
             if (
                 "deb" in fields.get("types", "").split()
-                and SUITE in fields.get("suites", "").split()
+                and suite in fields.get("suites", "").split()
                 and "main" in fields.get("components", "").split()
                 and fields.get("enabled", "yes") != "no"
             ):
@@ -71,12 +102,10 @@ def find_mirror(etc_apt: Path = Path("/etc/apt")) -> Mirror:
             continue
         for line in path.read_text().splitlines():
             m = re.match(r"deb\s+(?:\[([^\]]*)\]\s+)?(\S+)\s+(\S+)\s+(.*)", line.strip())
-            if m and m.group(3) == SUITE and "main" in m.group(4).split():
+            if m and m.group(3) == suite and "main" in m.group(4).split():
                 opts = dict(o.split("=", 1) for o in (m.group(1) or "").split() if "=" in o)
                 return Mirror(m.group(2).rstrip("/"), opts.get("signed-by"))
-    raise RootfsError(
-        f"no apt source for Debian '{SUITE}' main in {etc_apt}; set GPUHOST_TWIN_MIRROR=<mirror URL>"
-    )
+    return None
 
 
 def _deb822(stanza: str) -> dict[str, str]:
@@ -116,6 +145,38 @@ def _setup(root: Path) -> None:
     subprocess.run(["chroot", str(root), "apt-get", "clean"], check=True)
 
 
+def _unpack_headers(root: Path) -> None:
+    """trixie's linux-headers-<ver>-amd64 depends on its linux-image (bookworm's does not), so
+    installing it would bring a Debian kernel no Proxmox host has (the twin's loader would boot
+    its /boot files) and build that kernel's initrd, the slowest step of the base. A module build
+    needs its -common headers and linux-kbuild (installed, with their libraries) and the arch
+    headers, which are unpacked (dpkg -x): dpkg knows no kernel and apt sees no unmet dependency."""
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LC_ALL="C")
+
+    def chroot(*argv: str) -> str:
+        done = subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise RootfsError(f"{' '.join(argv)} in the base failed: {done.stderr.strip()[-500:]}")
+        return done.stdout
+
+    def depends(package: str) -> list[str]:
+        out = chroot("apt-cache", "depends", "--no-recommends", "--no-suggests", package)
+        return [line.split(":", 1)[1].strip() for line in out.splitlines() if "Depends:" in line]
+
+    (arch,) = [p for p in depends("linux-headers-amd64") if p.startswith("linux-headers-")]
+    parts = [p for p in depends(arch) if p.endswith("-common") or p.startswith("linux-kbuild-")]
+    chroot("apt-get", "install", "-y", "-q", "--no-install-recommends", *parts)
+    chroot("sh", "-c", 'cd /tmp && apt-get download -q "$1" 2>&1', "sh", arch)
+    for deb in sorted((root / "tmp").glob("*.deb")):
+        chroot("dpkg-deb", "-x", f"/tmp/{deb.name}", "/")
+        deb.unlink()
+    chroot("apt-get", "clean")
+
+
+# Setup steps only one suite needs (part of that suite's recipe hash).
+SUITE_SETUP = {"trixie": _unpack_headers}
+
+
 def make_dev(dev: Path) -> None:
     """What a login needs in a chroot: the basic character devices and a pty master."""
     for name, major, minor in (
@@ -148,14 +209,27 @@ def make_dev(dev: Path) -> None:
             (dev / name).symlink_to(target)
 
 
-def recipe_hash() -> str:
+def check_suite(suite: str) -> str:
+    if suite not in SUITES:
+        raise RootfsError(f"no twin base for Debian suite {suite!r}; known: {sorted(SUITES)}")
+    return suite
+
+
+def recipe_hash(suite: str = SUITE) -> str:
     steps = [inspect.getsource(_setup), inspect.getsource(make_dev)]
-    recipe = "\n".join([SUITE, *PACKAGES, *steps])
+    if check_suite(suite) in SUITE_SETUP:
+        steps.append(inspect.getsource(SUITE_SETUP[suite]))
+    recipe = "\n".join([check_suite(suite), *SUITES[suite], *steps])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
 
-def base_path() -> Path:
-    return CACHE_ROOT / f"base-{recipe_hash()}"
+def base_path(suite: str = SUITE) -> Path:
+    return CACHE_ROOT / f"base-{recipe_hash(suite)}"
+
+
+def current_bases() -> set[Path]:
+    """The bases today's recipes build, one per suite (kept when old ones are pruned)."""
+    return {base_path(suite) for suite in SUITES}
 
 
 def check_chroot_safe(path: Path) -> None:
@@ -177,10 +251,10 @@ def forbidden() -> None:
         raise RootfsError(reason)
 
 
-def ensure_base(log: bool = True) -> Path:
-    """Return the cached base rootfs, building it first when the recipe has no cache yet."""
+def ensure_base(log: bool = True, suite: str = SUITE) -> Path:
+    """Return the cached base rootfs of suite, building it first when its recipe has no cache."""
     forbidden()
-    target = base_path()
+    target = base_path(suite)
     if (target / ".gpuhost-twin-base").exists():
         return target
     CACHE_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -189,11 +263,11 @@ def ensure_base(log: bool = True) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; a waiter then finds it done
         if (target / ".gpuhost-twin-base").exists():
             return target
-        _build(target, find_mirror(), log)
+        _build(target, find_mirror(suite=suite), log, suite)
     return target
 
 
-def _build(target: Path, mirror: Mirror, log: bool) -> None:
+def _build(target: Path, mirror: Mirror, log: bool, suite: str = SUITE) -> None:
     """debootstrap + _setup into target; the installer's output goes to CACHE_ROOT/build.log."""
     if not shutil.which("debootstrap", path="/usr/sbin:/usr/bin:/sbin:/bin"):
         raise RootfsError(
@@ -203,18 +277,18 @@ def _build(target: Path, mirror: Mirror, log: bool) -> None:
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if log else (lambda msg: None)
     logfile = CACHE_ROOT / "build.log"
     t0 = time.monotonic()
-    say(f"building the twin base (one time, about a minute; cached in {CACHE_ROOT})")
+    say(f"building the {suite} twin base (one time, about a minute; cached in {CACHE_ROOT})")
     tmp = target.with_name(target.name + ".building")
     if tmp.exists():
         _unmount_below(tmp)
         shutil.rmtree(tmp)
     tmp.mkdir(mode=0o755)
     cmd = ["debootstrap", "--variant=minbase", "--components=main"]
-    cmd += [f"--include={','.join(PACKAGES)}"]
+    cmd += [f"--include={','.join(SUITES[suite])}"]
     if mirror.keyring:
         cmd.append(f"--keyring={mirror.keyring}")
-    cmd += [SUITE, str(tmp), mirror.uri]
-    say(f"  debootstrap {SUITE} from {mirror.uri} (installer output: {logfile})")
+    cmd += [suite, str(tmp), mirror.uri]
+    say(f"  debootstrap {suite} from {mirror.uri} (installer output: {logfile})")
     try:
         with open(logfile, "w") as out:
             out.write(" ".join(cmd) + "\n")
@@ -222,6 +296,8 @@ def _build(target: Path, mirror: Mirror, log: bool) -> None:
             subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT)
             say(f"  packages installed ({time.monotonic() - t0:.0f} s); setting up the base")
             _setup(tmp)
+            if suite in SUITE_SETUP:
+                SUITE_SETUP[suite](tmp)
     except (subprocess.CalledProcessError, OSError) as exc:
         tail = logfile.read_text(errors="replace").splitlines()[-5:] if logfile.exists() else []
         raise RootfsError(
@@ -230,7 +306,7 @@ def _build(target: Path, mirror: Mirror, log: bool) -> None:
         ) from exc
     finally:
         _unmount_below(tmp)  # debootstrap can leave proc/sys mounted when it fails
-    (tmp / ".gpuhost-twin-base").write_text(recipe_hash() + "\n")
+    (tmp / ".gpuhost-twin-base").write_text(recipe_hash(suite) + "\n")
     tmp.rename(target)
     say(f"  twin base ready in {time.monotonic() - t0:.0f} s: {target}")
 
@@ -256,5 +332,5 @@ def headers_version(base: Path) -> str:
 
 
 if __name__ == "__main__":
-    path = ensure_base()
+    path = ensure_base(suite=sys.argv[1] if len(sys.argv) > 1 else SUITE)
     print(f"{path} ({headers_version(path)})")

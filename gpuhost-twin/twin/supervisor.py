@@ -168,7 +168,7 @@ class Supervisor:
         if op == "reboot":
             self.reboot()
             return None  # the requester's session is gone; nobody reads an answer
-        if op in ("ct-start", "ct-stop", "ct-status", "ct-exec", "ct-push"):
+        if op in ("ct-start", "ct-stop", "ct-status", "ct-exec", "ct-push", "ct-hotplug-dev"):
             try:
                 ctid = int(req["ctid"])
             except (KeyError, TypeError, ValueError):
@@ -179,6 +179,8 @@ class Supervisor:
                 return guests.stop(self.twin, ctid)
             if op == "ct-status":
                 return guests.status(self.twin, ctid)
+            if op == "ct-hotplug-dev":
+                return guests.hotplug_device(self.twin, ctid, str(req.get("value")))
             if op == "ct-push":
                 return guests.push(
                     self.twin, ctid, str(req.get("file")), str(req.get("dest")), req.get("perms")

@@ -22,7 +22,7 @@ import pytest
 from gpuhost.audit.plugin import Target, _runner, _testinfra_host
 from gpuhost.audit.run import audit_all, read_host
 from gpuhost.inventory import load_inventory
-from tests.e2e.conftest import ROOT, deploy, inventory, with_driver
+from tests.e2e.conftest import ROOT, Deploy, deploy, inventory, with_driver
 from twin import driver as twin_driver
 from twin import node, userspace
 from twin.hwtesting import ModuleCache
@@ -82,11 +82,24 @@ def ct(twin: TwinHandle, op: str) -> None:
 
 def provision(twin: TwinHandle, modules: ModuleCache, inv: Path) -> Path:
     """A kpro6 twin as deployed, with its GPU split and guests in place (benchmarks use it too)."""
+    deploy_host(twin, modules, inv, SPEC)
+    place_guests(twin)
+    return inv
+
+
+def deploy_host(twin: TwinHandle, modules: ModuleCache, inv: Path, spec: dict) -> Deploy:
+    """The driver installed, then the main deploy run once (tests/e2e/test_pve9.py too)."""
     with_driver(twin, modules, VERSION)
     userspace.install_root(twin.root, VERSION)
-    inventory(inv, twin, SPEC)
+    inventory(inv, twin, spec)
     result = deploy(inv)
     assert result.rc == 0, result.output[-3000:]
+    return result
+
+
+def place_guests(twin: TwinHandle) -> None:
+    """The GPU split as an operator puts it in place today: VM boards on vfio-pci, the
+    container's and the VM's configs, the container started with the driver's userspace."""
     twin.run(PVE_DIRS)
     put(twin, "/etc/udev/rules.d/70-gpuhost-vfio.rules", UDEV)
     put(twin, "/etc/pve/lxc/200.conf", CT200)
@@ -94,7 +107,6 @@ def provision(twin: TwinHandle, modules: ModuleCache, inv: Path) -> Path:
     twin.reboot()  # binds the VM's boards to vfio-pci
     ct(twin, "start")
     twin_driver.install_userspace(node.Twin.load(twin.name), 200, VERSION)
-    return inv
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,9 @@ both must say "install" (the command runs) or "insmod" (the module is inserted, 
 The gpuhost vfio claim is one of the cases: with a module that declares a softdep kmod can
 resolve, an install line alone is ignored (the claim would not run), and gpuhost's
 gpuhost-vfio.conf (gpuhost/vfioplan.py) makes it run.
+
+Each case is put to two real kmods: this machine's (Debian 12's kmod 30, PVE 8) and Debian 13's
+(kmod 34, PVE 9), run chrooted into the twin's trixie base over the same tree.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from gpuhost.driverbuild import kmod_tool
 from gpuhost.vfioplan import VfioBinding, modprobe_conf
 from twin import hwsim
 from twin import hwtesting as ht
+from twin.modbuild import in_sysroot
 
 KVER = "6.8.12-9-pve"
 DEPMOD, MODPROBE = kmod_tool("depmod"), kmod_tool("modprobe")  # in /usr/sbin, for any user
@@ -38,7 +42,16 @@ def cache() -> ht.ModuleCache:
     return ht.ModuleCache()
 
 
-def tree(tmp: Path, cache: ht.ModuleCache, nvidia_softdep: str | None) -> Path:
+def kmod_argv(base: Path | None, root: Path, tool: str, *args: str) -> list[str]:
+    """tool (depmod, modprobe) over the tree at root: here, or in base with the tree on /mnt."""
+    if base is None:
+        return [DEPMOD if tool == "depmod" else MODPROBE, *(a.format(root=root) for a in args)]
+    return in_sysroot(base, root, [f"/usr/sbin/{tool}", *(a.format(root="/mnt") for a in args)])
+
+
+def tree(
+    tmp: Path, cache: ht.ModuleCache, nvidia_softdep: str | None, base: Path | None = None
+) -> Path:
     """A twin root whose kernel module tree holds nvidia (with this MODULE_SOFTDEP; None: the
     real module's) and the crypto modules it names, indexed by real depmod."""
     root = ht.make_root(tmp / "root", "kpro6")
@@ -47,12 +60,13 @@ def tree(tmp: Path, cache: ht.ModuleCache, nvidia_softdep: str | None) -> Path:
     shutil.copy(cache.ko("nvidia", KVER, softdep=nvidia_softdep), extra / "nvidia.ko")
     for name in ("ecdh_generic", "ecdsa_generic"):
         shutil.copy(cache.ko(name, KVER, softdep=""), extra / f"{name}.ko")
-    done = subprocess.run([DEPMOD, "-b", str(root), KVER], capture_output=True, text=True)
+    argv = kmod_argv(base, root, "depmod", "-b", "{root}", KVER)
+    done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return root
 
 
-def real_kmod(root: Path, confs: dict[str, str]) -> list[str]:
+def real_kmod(root: Path, confs: dict[str, str], base: Path | None = None) -> list[str]:
     """kmod's --show-depends for nvidia: one "install"/"insmod" per module it would handle."""
     conf = root / "etc/modprobe.d"
     conf.mkdir(parents=True, exist_ok=True)
@@ -60,8 +74,8 @@ def real_kmod(root: Path, confs: dict[str, str]) -> list[str]:
         f.unlink()
     for name, text in confs.items():
         (conf / name).write_text(text)
-    argv = [MODPROBE, "-d", str(root), "-S", KVER, "-C", str(conf), "--show-depends", "nvidia"]
-    done = subprocess.run(argv, capture_output=True, text=True)
+    args = ("-d", "{root}", "-S", KVER, "-C", "{root}/etc/modprobe.d", "--show-depends", "nvidia")
+    done = subprocess.run(kmod_argv(base, root, "modprobe", *args), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return [line.split()[0] for line in done.stdout.splitlines()]
 
@@ -79,7 +93,7 @@ def twin_kmod(root: Path) -> list[str]:
     return ["insmod"] * len(pre) + ["install" if install else "insmod"] + ["insmod"] * len(post)
 
 
-@pytest.mark.parametrize(
+CASES = pytest.mark.parametrize(
     ("softdep", "confs", "expected"),
     [
         # the real nvidia.ko's softdep: its comma makes one name kmod cannot find, so the
@@ -118,9 +132,22 @@ def twin_kmod(root: Path) -> list[str]:
         "first-install",
     ],
 )
+
+
+@CASES
 def test_the_twin_decides_as_real_kmod(tmp_path, cache, softdep, confs, expected) -> None:
     root = tree(tmp_path, cache, softdep)
     assert real_kmod(root, confs) == expected
+    assert twin_kmod(root) == expected
+
+
+@CASES
+def test_the_twin_decides_as_trixies_kmod(
+    tmp_path, cache, trixie_base, softdep, confs, expected
+) -> None:
+    """PVE 9: Debian 13's kmod 34, run in the trixie base, decides each case the same."""
+    root = tree(tmp_path, cache, softdep, trixie_base)
+    assert real_kmod(root, confs, trixie_base) == expected
     assert twin_kmod(root) == expected
 
 

@@ -15,7 +15,7 @@ def data(name: str = "h200x2") -> dict:
     return yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
 
 
-@pytest.mark.parametrize("name", ["kpro6", "h200x2", "lumped", "sevsnp"])
+@pytest.mark.parametrize("name", ["kpro6", "kpro6-pve9", "h200x2", "lumped", "sevsnp"])
 def test_shipped_profiles_load(name: str) -> None:
     profile = load_profile(name)
     assert profile.name == name
@@ -37,6 +37,22 @@ def test_kpro6_is_eight_blackwell_gpus_each_alone() -> None:
     assert off_diagonal == {"NODE", "SYS"}
     assert {c for m in p.topology.p2p.values() for row in m for c in row} == {"X", "NS"}
     assert (p.cpu.vendor, p.cpu.numa_nodes, p.boot.loader) == ("AMD", 2, "systemd-boot")
+
+
+def test_kpro6_pve9_is_kpro6_after_the_upgrade() -> None:
+    """The same machine: only the Proxmox release (and so the Debian base) and kernels differ."""
+    old, new = load_profile("kpro6"), load_profile("kpro6-pve9")
+    same = ("hostname", "cpu", "memory_gib", "boot", "pci_devices", "gpus", "topology", "nvidia")
+    assert all(getattr(old, f) == getattr(new, f) for f in same)
+    assert (old.pve, old.debian_suite, new.pve, new.debian_suite) == (8, "bookworm", 9, "trixie")
+    assert [(k.version, k.gcc) for k in new.kernels] == [
+        ("6.14.8-2-pve", "gcc (Debian 14.2.0-19) 14.2.0")
+    ]
+
+
+def test_pve_release_is_8_or_9() -> None:
+    msg = err(lambda d: d.update(pve=7))
+    assert "h200x2.yaml: pve=7: Input should be 8 or 9" in msg
 
 
 def test_h200x2_matches_the_capture_identity() -> None:
@@ -98,7 +114,8 @@ def test_kernel_gcc_text_is_checked() -> None:
 
 def test_unknown_profile_lists_known_ones() -> None:
     with pytest.raises(
-        ProfileError, match=r"known profiles: \['h200x2', 'hgx-h200', 'kpro6', 'lumped', 'sevsnp'\]"
+        ProfileError,
+        match=r"known profiles: \['h200x2', 'hgx-h200', 'kpro6', 'kpro6-pve9', 'lumped', 'sevsnp'\]",
     ):
         load_profile("nope")
 

@@ -202,3 +202,13 @@ def test_device_rules_use_live_major_minor(tmp_path: Path) -> None:
     write_conf(root, "lxc", 103, "dev0: /dev/plainfile\n")
     with pytest.raises(PveError, match="/dev/plainfile is not a device"):
         lxc_devices.lxc_device_rules(root, lxc_devices.read_lxc(root, 103))
+
+
+def test_lxc_init_cwd_is_a_pve9_key() -> None:
+    """pve-container 1c7f64d (6.0.1) allowed lxc.init.cwd; 5.3.5 (PVE 8.4) does not know it."""
+    raw = "arch: amd64\nlxc.init.cwd: /srv\n"
+    pve8, pve9 = cfg.parse_config("lxc", 101, raw), cfg.parse_config("lxc", 101, raw, release=9)
+    assert pve8.main.lxc == [] and pve8.warnings == [
+        "vm 101 - unable to parse config: lxc.init.cwd: /srv"
+    ]
+    assert pve9.main.lxc == [("lxc.init.cwd", "/srv")] and pve9.warnings == []

@@ -1,5 +1,6 @@
 """The base rootfs: mirror discovery (pure) and the built base's contents (needs root)."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -54,14 +55,38 @@ def test_mirror_override_wins(tmp_path, monkeypatch):
 def test_no_mirror_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.delenv("GPUHOST_TWIN_MIRROR", raising=False)
     with pytest.raises(rootfs.RootfsError, match="GPUHOST_TWIN_MIRROR"):
-        rootfs.find_mirror(_etc_apt(tmp_path, listing="deb http://x.invalid/debian trixie main\n"))
+        rootfs.find_mirror(_etc_apt(tmp_path, listing="deb http://x.invalid/ubuntu noble main\n"))
+
+
+def test_trixie_from_the_archive_that_serves_bookworm(tmp_path, monkeypatch):
+    """A Debian 12 machine (CI) builds the Debian 13 base from the same Debian archive."""
+    monkeypatch.delenv("GPUHOST_TWIN_MIRROR", raising=False)
+    etc_apt = _etc_apt(tmp_path, sources=DEB822)
+    assert rootfs.find_mirror(etc_apt, suite="trixie") == rootfs.find_mirror(etc_apt)
+
+
+def test_another_vendors_suite_is_no_debian_mirror(tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUHOST_TWIN_MIRROR", raising=False)
+    listing = "deb [signed-by=/usr/share/keyrings/vendor.gpg] http://x.invalid/v bookworm main\n"
+    with pytest.raises(rootfs.RootfsError, match="'trixie'"):
+        rootfs.find_mirror(_etc_apt(tmp_path, listing=listing), suite="trixie")
+
+
+def test_each_suite_has_its_own_base() -> None:
+    assert rootfs.base_path("bookworm") != rootfs.base_path("trixie")
+    assert rootfs.current_bases() == {rootfs.base_path("bookworm"), rootfs.base_path("trixie")}
+    assert "gcc-14" in rootfs.SUITES["trixie"] and "gcc-12" not in rootfs.SUITES["trixie"]
+    with pytest.raises(rootfs.RootfsError, match="known: \\['bookworm', 'trixie'\\]"):
+        rootfs.base_path("sid")
 
 
 def test_recipe_hash_follows_the_package_list(monkeypatch):
     before = rootfs.recipe_hash()
     assert rootfs.recipe_hash() == before  # stable: the cache is found again
-    monkeypatch.setattr(rootfs, "PACKAGES", (*rootfs.PACKAGES, "gcc-11"))
+    trixie = rootfs.recipe_hash("trixie")
+    monkeypatch.setitem(rootfs.SUITES, "bookworm", (*rootfs.PACKAGES, "gcc-11"))
     assert rootfs.recipe_hash() != before
+    assert rootfs.recipe_hash("trixie") == trixie  # each suite's cache stands alone
 
 
 def test_chroot_safety_refuses_writable_components(tmp_path):
@@ -72,15 +97,22 @@ def test_chroot_safety_refuses_writable_components(tmp_path):
         rootfs.check_chroot_safe(unsafe)
 
 
-def test_base_holds_toolchain_and_real_headers(twin_base: Path):
-    base = twin_base
+@pytest.mark.parametrize(
+    ("suite", "gcc", "extra"),
+    [("bookworm", "12.2.0", ()), ("trixie", "14.2.0", ("usr/sbin/mkinitramfs",))],
+)
+def test_base_holds_toolchain_and_real_headers(twin_base, trixie_base, suite, gcc, extra):
+    base = twin_base if suite == rootfs.SUITE else trixie_base
     rootfs.check_chroot_safe(base)
     release = rootfs.headers_version(base)
     assert release.endswith("-amd64")
     config = (base / "usr/src" / f"linux-headers-{release}" / ".config").read_text()
-    assert 'CONFIG_CC_VERSION_TEXT="gcc-12 (Debian 12.2.0' in config
+    major = gcc.split(".")[0]
+    assert re.search(rf'CONFIG_CC_VERSION_TEXT="\S*gcc-{major} \(Debian {gcc}', config)
+    assert f"VERSION_CODENAME={suite}" in (base / "etc/os-release").read_text()
     for tool in (
-        "usr/bin/gcc-12",
+        f"usr/bin/gcc-{major}",
+        *extra,
         "usr/bin/make",
         "usr/bin/python3",
         "usr/bin/kmod",

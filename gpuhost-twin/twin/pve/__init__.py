@@ -99,12 +99,13 @@ def install(root: Path, profile: Any = None, node: str | None = None) -> None:
     firmware = _get(boot, "firmware") or ("uefi" if loader == "systemd-boot" else "bios")
     state = root / TWIN_STATE
     state.mkdir(parents=True, exist_ok=True)
+    release = int(_get(profile, "pve", 8))
     info = {"node": node, "loader": loader, "firmware": firmware,
-            "root_device": "/dev/mapper/pve-root",
+            "root_device": "/dev/mapper/pve-root", "pve": release,
             "grub_on_esp": bool(_get(boot, "grub_on_esp"))}  # fmt: skip
     (state / "pve.json").write_text(json.dumps(info, indent=1) + "\n")
     _layout_pve(root, node)
-    _register_packages(root)
+    _register_packages(root, release)
     _install_code(root)
     _install_kernel_hooks(root, loader)
     _factory_boot(root, boot, loader, firmware)
@@ -132,18 +133,24 @@ def _layout_pve(root: Path, node: str) -> None:
 
 
 # The Proxmox packages whose versions a deploy reads (dpkg-query): pve-container's decides
-# whether devN entries exist (5.0.7+). This is stable-bookworm's (PVE 8.4), whose sources the
-# simulation follows (pve-api.md).
+# whether devN entries exist (5.0.7+). PVE 8 is stable-bookworm's (PVE 8.4), whose sources the
+# simulation follows (pve-api.md); PVE 9 is a 9.0 host of September 2025, each version the
+# debian/changelog entry of its own repository (pve-container 6.0.11 of 2025-09-10, qemu-server
+# 9.0.21 of 2025-09-10, pve-manager 9.0.10 of 2025-09-12).
 PACKAGES = {"pve-container": "5.3.5"}
+RELEASE_PACKAGES = {
+    8: PACKAGES,
+    9: {"pve-container": "6.0.11", "qemu-server": "9.0.21", "pve-manager": "9.0.10"},
+}
 
 
-def _register_packages(root: Path) -> None:
+def _register_packages(root: Path, release: int = 8) -> None:
     """Record the simulated Proxmox packages in dpkg's database, as installed (once)."""
     status = root / "var/lib/dpkg/status"
     if not status.is_file():
         return
     text = status.read_text()
-    for package, version in PACKAGES.items():
+    for package, version in RELEASE_PACKAGES[release].items():
         if f"\nPackage: {package}\n" in f"\n{text}":
             continue
         text = text.rstrip("\n") + (

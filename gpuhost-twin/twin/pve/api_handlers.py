@@ -93,7 +93,7 @@ def typed(kind: str, values: dict[str, str]) -> dict[str, object]:
 
 
 def get_version(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-    return Result(dict(gst.PVE_VERSION))
+    return Result(dict(gst.PVE_VERSIONS[cfg.pve_release(root)]))
 
 
 def get_nodes(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
@@ -309,12 +309,14 @@ def create_guest(kind: str) -> Handler:
             conf.main.values[key] = _allocate(key, value, vmid)
         if kind == "lxc":
             conf.main.values.setdefault("arch", "amd64")
-            conf.main.values.setdefault("unprivileged", "1")
+            if cfg.pve_release(root) >= 9:  # pve-container 103068a (6.0.6+): CTs default to
+                conf.main.values.setdefault("unprivileged", "1")  # unprivileged; 5.x: privileged
             conf.main.values.setdefault("memory", "512")
             conf.main.values.setdefault("swap", "512")
         else:
             conf.main.values.setdefault(
-                "meta", f"creation-qemu={gst.QEMU_VERSION},ctime={int(time.time())}"
+                "meta",
+                f"creation-qemu={gst.QEMU_VERSIONS[cfg.pve_release(root)]},ctime={int(time.time())}",
             )
             conf.main.values.setdefault("smbios1", f"uuid={uuid.uuid4()}")
             conf.main.values.setdefault("vmgenid", str(uuid.uuid4()))

@@ -139,8 +139,15 @@ def check_type(options: dict[str, Prop], key: str, value: str) -> str:
     return value
 
 
-def lxc_key_validity(key: str) -> tuple[bool, str | None]:
-    """is_valid_lxc_conf_key: (valid, warning)."""
+# Raw lxc keys pve-container allows only from a Proxmox VE release on: lxc.init.cwd came with
+# 6.0.1 (1c7f64d "config: whitelist lxc.init.cwd"); stable-bookworm's 5.3.5 refuses it.
+LXC_KEYS_FROM = {"lxc.init.cwd": 9}
+
+
+def lxc_key_validity(key: str, release: int = 8) -> tuple[bool, str | None]:
+    """is_valid_lxc_conf_key: (valid, warning), on Proxmox VE ``release``."""
+    if release < LXC_KEYS_FROM.get(key, 0):
+        return False, None
     if key.startswith("lxc.limit."):
         return True, f"{key}: lxc.limit.* was renamed to lxc.prlimit.*"
     if key in DEPRECATED_LXC_KEYS:
@@ -156,7 +163,7 @@ def lxc_key_validity(key: str) -> tuple[bool, str | None]:
 # --- parser / writer ---
 
 
-def parse_config(kind: str, vmid: int, raw: str) -> GuestConfig:
+def parse_config(kind: str, vmid: int, raw: str, release: int = 8) -> GuestConfig:
     """parse_pct_config (kind 'lxc') or parse_vm_config (kind 'qemu'); warnings kept on the result."""
     conf = GuestConfig(kind=kind, vmid=vmid, digest=hashlib.sha1(raw.encode()).hexdigest())
     options = conf.options()
@@ -198,7 +205,7 @@ def parse_config(kind: str, vmid: int, raw: str) -> GuestConfig:
         warn = f"vm {vmid} - "
         m = re.fullmatch(r"(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*", line)
         if kind == "lxc" and m:
-            valid, msg = lxc_key_validity(m.group(1))
+            valid, msg = lxc_key_validity(m.group(1), release)
             if msg:
                 conf.warnings.append(warn + msg)
             if valid:
@@ -293,6 +300,14 @@ def node_name(root: Path) -> str:
     return socket.gethostname().split(".")[0]
 
 
+def pve_release(root: Path) -> int:
+    """The Proxmox VE major release the twin runs (pve.json, from the profile's `pve:`)."""
+    info = root / TWIN_STATE / "pve.json"
+    if info.exists():
+        return int(json.loads(info.read_text()).get("pve", 8))
+    return 8
+
+
 def config_dir(root: Path, kind: str) -> Path:
     sub = "lxc" if kind == "lxc" else "qemu-server"
     return root / "etc/pve/nodes" / node_name(root) / sub
@@ -330,7 +345,7 @@ def load_config(root: Path, kind: str, vmid: int) -> GuestConfig:
         raise PveError(
             f"Configuration file 'nodes/{node_name(root)}/{sub}/{vmid}.conf' does not exist"
         ) from None
-    conf = parse_config(kind, vmid, raw)
+    conf = parse_config(kind, vmid, raw, pve_release(root))
     _WARNINGS.extend(conf.warnings)
     return conf
 

@@ -20,6 +20,7 @@ from .guest_state import (
     config_lock,
     guest_word,
     is_running,
+    supervisor_request,
 )
 from .schema import (
     FormatError,
@@ -49,9 +50,10 @@ QEMU_FASTPLUG = {"description", "hookscript", "lock", "migrate_downtime", "migra
                  "searchdomain", "sshkeys"}  # fmt: skip
 
 
-# formats.md §1: on PVE 8 a devN set on a running CT waits in [pve:pending] for the next start
-# (pve-container master hotplugs new devN; the twin follows the PVE 8 behaviour).
-HOTPLUG_NEW_LXC_DEVICES = False
+# formats.md §1: on PVE 8 a devN set on a running CT waits in [pve:pending] for the next start.
+# PVE 9 (pve-container 6.0.4+, c702167 "implement device hotplug") hotplugs a new devN into the
+# running CT; a changed or removed one still waits (Config.pm vmconfig_hotplug_pending).
+HOTPLUG_NEW_LXC_DEVICES_FROM = 9
 
 
 COMMON_UPDATE = {
@@ -213,9 +215,22 @@ def update_lxc(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
             live = (
                 LXC_FASTPLUG | LXC_HOTPLUG | {k for k in [*params, *deletes] if k.startswith("net")}
             )
-            if HOTPLUG_NEW_LXC_DEVICES:
-                live |= {k for k in params if k.startswith("dev") and k not in conf.main.values}
+            errors = []
+            if cfg.pve_release(root) >= HOTPLUG_NEW_LXC_DEVICES_FROM:
+                for key in sorted(k for k in params if re.fullmatch(r"dev\d+", k)):
+                    if key in conf.main.values:
+                        continue  # "don't try to hotplug over existing dev"
+                    # the supervisor makes the node in the CT and allows it in the cgroup
+                    request = {"op": "ct-hotplug-dev", "ctid": vmid, "value": params[key]}
+                    done = supervisor_request(root, request)
+                    if done.get("rc") == 0:
+                        live.add(key)
+                    else:  # stays pending; the API reports it (raise_param_exc)
+                        errors.append(f"{key}: {str(done.get('stderr', '')).strip()}")
             _apply(conf, live)
+            if errors:
+                cfg.save_config(root, conf)
+                raise PveError("\n".join(errors))
         else:
             _apply(conf, None)
         cfg.save_config(root, conf)

@@ -22,11 +22,14 @@ from .schema import (
     split_list,
 )
 
-# Versions the twin reports (constructed: a PVE 8.4 host runs QEMU 9.2).
-PVE_VERSION = {"version": "8.4.1", "release": "8.4", "repoid": "2a5fa54a8503f96d"}
-
-
-QEMU_VERSION = "9.2.0"
+# Versions the twin reports, per Proxmox VE release: GET /version (repoid = pve-manager's
+# version-bump commit, 16 hex digits) and the QEMU a VM runs (pve-qemu-kvm's debian/changelog:
+# PVE 8.4 has 9.2.0; PVE 9.0 of September 2025 has 10.0.2, 10.1 came in October).
+PVE_VERSIONS = {
+    8: {"version": "8.4.1", "release": "8.4", "repoid": "2a5fa54a8503f96d"},
+    9: {"version": "9.0.10", "release": "9.0", "repoid": "deb1ca707ec72a89"},
+}
+QEMU_VERSIONS = {8: "9.2.0", 9: "10.0.2"}
 
 
 # --- status and lists (PVE::LXC::vmstatus, PVE::QemuServer::vmstatus) ---
@@ -153,8 +156,9 @@ def qemu_status(root: Path, vmid: int, full: bool = False) -> dict[str, object]:
     if full:
         d["qmpstatus"] = "running" if state else "stopped"
         if state:
-            d["running-machine"] = state.get("machine", running_machine(""))
-            d["running-qemu"] = QEMU_VERSION
+            release = cfg.pve_release(root)
+            d["running-machine"] = state.get("machine", running_machine("", release))
+            d["running-qemu"] = QEMU_VERSIONS[release]
     return d
 
 

@@ -105,34 +105,34 @@ class DeviceRule:
 
 def lxc_device_rules(root: Path, conf: LxcConfig) -> list[DeviceRule]:
     """Stat each devN on the host like Proxmox does at start (never stale: majors are live)."""
-    rules = []
-    for dev in conf.devices:
-        host = root / dev.path.lstrip("/")
-        try:
-            st = os.stat(host)
-        except FileNotFoundError:
-            raise PveError(f"Device {dev.path} does not exist") from None
-        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
-            raise PveError(f"{dev.path} is not a device")
-        kind = "b" if stat.S_ISBLK(st.st_mode) else "c"
-        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-        lines = [
-            f"lxc.cgroup2.devices.allow = {kind} {major}:{minor} {'r' if dev.deny_write else 'rw'}"
-        ]
-        if dev.deny_write:
-            lines.append(f"lxc.cgroup2.devices.deny = {kind} {major}:{minor} w")
-        rules.append(
-            DeviceRule(
-                key=dev.key,
-                host_path=host,
-                container_path=dev.path.lstrip("/"),
-                kind=kind,
-                major=major,
-                minor=minor,
-                mode=int(dev.mode, 8) if dev.mode else 0o660,
-                uid=dev.uid,
-                gid=dev.gid,
-                cgroup_lines=tuple(lines),
-            )
-        )
-    return rules
+    return [device_rule(root, dev) for dev in conf.devices]
+
+
+def device_rule(root: Path, dev: LxcDevice) -> DeviceRule:
+    """One devN against the live node (at start, or when hotplugged on PVE 9)."""
+    host = root / dev.path.lstrip("/")
+    try:
+        st = os.stat(host)
+    except FileNotFoundError:
+        raise PveError(f"Device {dev.path} does not exist") from None
+    if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+        raise PveError(f"{dev.path} is not a device")
+    kind = "b" if stat.S_ISBLK(st.st_mode) else "c"
+    major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+    lines = [
+        f"lxc.cgroup2.devices.allow = {kind} {major}:{minor} {'r' if dev.deny_write else 'rw'}"
+    ]
+    if dev.deny_write:
+        lines.append(f"lxc.cgroup2.devices.deny = {kind} {major}:{minor} w")
+    return DeviceRule(
+        key=dev.key,
+        host_path=host,
+        container_path=dev.path.lstrip("/"),
+        kind=kind,
+        major=major,
+        minor=minor,
+        mode=int(dev.mode, 8) if dev.mode else 0o660,
+        uid=dev.uid,
+        gid=dev.gid,
+        cgroup_lines=tuple(lines),
+    )

@@ -22,7 +22,9 @@ from .guest_state import (
 )
 from .schema import PveError
 
-QEMU_MACHINE_VERSION = "9.2+pve1"
+# The machine version an unversioned type runs as: QEMU's newest, with qemu-server's highest
+# +pveN for it (Machine.pm $PVE_MACHINE_VERSION: '9.2' => 1; 9.0.21 has no '10.0' entry, so 0).
+QEMU_MACHINE_VERSIONS = {8: "9.2+pve1", 9: "10.0+pve0"}
 
 
 # --- start / stop ---
@@ -51,13 +53,14 @@ def exec_lxc(root: Path, vmid: int, argv: list[str], stdin: str | None) -> dict[
     return supervisor_request(root, {"op": "ct-exec", "ctid": vmid, "argv": argv, "stdin": stdin})
 
 
-def running_machine(machine: str) -> str:
-    """What `query-machines` would report for a started VM (constructed, QEMU 9.2)."""
+def running_machine(machine: str, release: int = 8) -> str:
+    """What `query-machines` would report for a started VM (constructed; QEMU 9.2 on PVE 8,
+    10.0 on PVE 9)."""
     mtype = machine.split(",")[0].removeprefix("type=") if machine else ""
     if re.fullmatch(r"pc(-i440fx)?-\d+(\.\d+)+(\+pve\d+)?", mtype) or mtype.startswith("pc-q35-"):
         return mtype if "+pve" in mtype else f"{mtype}+pve0"
     base = "pc-q35" if mtype == "q35" else "pc-i440fx"
-    return f"{base}-{QEMU_MACHINE_VERSION}"
+    return f"{base}-{QEMU_MACHINE_VERSIONS[release]}"
 
 
 def start_qemu(
@@ -83,7 +86,7 @@ def start_qemu(
     conf = cfg.load_config(root, "qemu", vmid)
     assert_valid_machine(conf.main.values.get("machine", ""))
     ids = passthrough.start_devices(root, vmid, conf.main.values, warn, log)
-    machine = running_machine(conf.main.values.get("machine", ""))
+    machine = running_machine(conf.main.values.get("machine", ""), cfg.pve_release(root))
     set_running(root, "qemu", vmid, True, pid=_fake_pid(vmid), machine=machine)
     passthrough.reserve(root, ids, vmid, timeout=None, pid=_fake_pid(vmid), warn=warn)
 
