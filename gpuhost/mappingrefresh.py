@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuhost.vmplan import PciMapping
+from gpuhost.hostfacts import HostFacts
+from gpuhost.split import slot
+from gpuhost.vmplan import PciMapping, board_mapping
 
 SCRIPT = "/usr/local/lib/gpuhost/pci-mappings"
 UNIT = "/etc/systemd/system/gpuhost-pci-mappings.service"
@@ -35,12 +37,14 @@ _OTHERS = (
 def refresh_command(mapping: PciMapping) -> str:
     """The shell that brings this node's map entry of ``mapping`` to the board's group as the
     running kernel has it, where it differs, keeping the other nodes' entries as pci.cfg has
-    them then. The node is Proxmox's (/etc/pve/local links to nodes/<node>)."""
+    them then; nothing while the mapping does not exist (its VM not made yet). The node is
+    Proxmox's (/etc/pve/local links to nodes/<node>)."""
     tail = f"path={mapping.path}"
     if mapping.subsystem_id is not None:
         tail += f",subsystem-id={mapping.subsystem_id}"
     return (
         'n=$(readlink /etc/pve/local); n=${n#nodes/}; test -n "$n" || exit 1; '
+        f'grep -q "^{mapping.id}[[:space:]]*$" {PCI_CFG} || exit 0; '
         f"g=$(readlink /sys/bus/pci/devices/{mapping.path}.0/iommu_group 2>/dev/null); "
         f"g=${{g##*/}}; e=id={mapping.vendor_device}${{g:+,iommugroup=$g}},node=$n,{tail}; "
         f'grep -qxF "$(printf "\\tmap %s" "$e")" {PCI_CFG} || '
@@ -62,11 +66,19 @@ def boot_script(mappings: dict[str, PciMapping]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def boot_mappings(vm_functions: dict[int, tuple[str, ...]], facts: HostFacts) -> dict:
+    """The mappings of every board the spec gives a VM, whether or not the VM exists yet (the
+    unit then stays as it is when the VM is made)."""
+    boards = sorted({slot(bdf) for bdfs in vm_functions.values() for bdf in bdfs})
+    found = (board_mapping(board, facts) for board in boards)
+    return {m.id: m for m in found if m is not None}
+
+
 def refresh_files(
     mappings: dict[str, PciMapping],
 ) -> list[tuple[str, str | None, str, str | None]]:
-    """(path, content or None for absent, mode, symlink target) of the boot refresh: all
-    absent when no VM has GPUs."""
+    """(path, content or None for absent, mode, symlink target) of the boot refresh of
+    ``mappings`` (boot_mappings): all absent when no VM has GPUs."""
     on = bool(mappings)
     unit = (_FILES / "gpuhost-pci-mappings.service").read_text() if on else None
     return [

@@ -122,6 +122,15 @@ def _entries(config: GuestConfig | None) -> dict[str, str]:
     return entries
 
 
+def board_mapping(board: str, facts: HostFacts) -> PciMapping | None:
+    """The mapping of a board (``0000:c1:00``) as the live device reads; None if not on the bus."""
+    dev = facts.pci.get(f"{board}.0")
+    if dev is None:
+        return None
+    subsystem = f"{dev.subsystem_vendor}:{dev.subsystem_device}" if dev.subsystem_vendor else None
+    return PciMapping(mapping_id(dev.bdf), board, dev.vendor_device, subsystem, dev.iommu_group)
+
+
 def plan_vm_gpus(
     vm_functions: dict[int, tuple[str, ...]],
     vm_names: dict[int, str],
@@ -163,20 +172,11 @@ def plan_vm_gpus(
         boards = sorted({slot(bdf) for bdf in vm_functions.get(vmid, ())})
         wanted: list[str] = []
         for board in boards:
-            dev = facts.pci.get(f"{board}.0")
-            if dev is None:
+            mapping = board_mapping(board, facts)
+            if mapping is None:
                 continue
-            mid = mapping_id(dev.bdf)
-            split.mappings[mid] = PciMapping(
-                id=mid,
-                path=board,
-                vendor_device=dev.vendor_device,
-                subsystem_id=f"{dev.subsystem_vendor}:{dev.subsystem_device}"
-                if dev.subsystem_vendor
-                else None,
-                iommu_group=dev.iommu_group,
-            )
-            wanted.append(mid)
+            split.mappings[mapping.id] = mapping
+            wanted.append(mapping.id)
         entries = _entries(config)
         have = {key: _owned(value) for key, value in entries.items() if _owned(value)}
         delete = tuple(sorted(k for k, m in have.items() if m not in wanted))

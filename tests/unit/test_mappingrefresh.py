@@ -38,6 +38,13 @@ def test_the_boot_unit_runs_before_the_guests_when_vms_have_gpus() -> None:
     assert len(plan.vm_split.mappings) == 2
     systemd = next(f for f in plan.follow_ups if f.name == "systemd")
     assert UNIT in systemd.triggers
+    # the same before the VM exists (no mapping yet): the unit need not change when it is made
+    before = make_plan(
+        "kpro6",
+        spec({**vm, "gpus": ["0000:c1:00.0", "0000:e1:00.0"]}),
+        kpro6(PveGuestConfigs=(0, [])),
+    )
+    assert not before.vm_split.mappings and before.files[SCRIPT].content == script
     # without VM GPUs all three are planned absent
     none = make_plan(
         "kpro6",
@@ -94,3 +101,8 @@ def test_without_a_group_the_entry_has_none(tmp_path) -> None:
     rc, args = run(tmp_path, cfg, None)
     mine = "id=10de:2bb1,node=pve1,path=0000:c1:00,subsystem-id=10de:204b"
     assert rc == 0 and args == ["set", "/cluster/mapping/pci/gpuhost-0000-c1-00", "--map", mine]
+
+
+def test_a_mapping_not_made_yet_is_left_alone(tmp_path) -> None:
+    cfg = "gpuhost-0000-e1-00\n\tmap id=10de:2bb1,node=pve1,path=0000:e1:00\n"
+    assert run(tmp_path, cfg, "12") == (0, None)
