@@ -5,7 +5,8 @@ them after the modules load and before pve-guests.service starts the guests; it 
 multi-user.target.wants link. The trial deadline timer (files/gpuhost-trial-deadline.*) reboots
 a trial kernel's boot that gpuhost has not confirmed in time; without a trial it does nothing.
 With driver.source.installer, nvidia-persistenced's unit (gpuhost-nvidia-persistenced.service)
-is enabled the same way.
+is enabled the same way, and with VM GPUs the unit that gives gpuhost's PCI mappings the booted
+kernel's IOMMU groups before pve-guests.service starts the guests (gpuhost/mappingrefresh.py).
 """
 
 from __future__ import annotations
@@ -18,4 +19,4 @@ from gpuhost.plan import Plan
 
 @deploy("NVIDIA device nodes")
 def configure(plan: Plan) -> None:
-    apply_files(plan, ("devices", "trial", "userspace"), "systemd", "Boot units")
+    apply_files(plan, ("devices", "trial", "userspace", "mappings"), "systemd", "Boot units")

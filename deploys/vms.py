@@ -23,9 +23,10 @@ from facts.proxmox import MAPPINGS_FILE, parse_pci_mappings
 from gpuhost import pveapi
 from gpuhost.guestbackup import backup_command
 from gpuhost.inventory import SPEC_KEY
+from gpuhost.mappingrefresh import refresh_command
 from gpuhost.plan import Plan
 from gpuhost.trialstate import Step
-from gpuhost.vmplan import MAPPING_PREFIX, PciMapping, VmGpus, refresh_command
+from gpuhost.vmplan import MAPPING_PREFIX, PciMapping, VmGpus
 
 CA_FILE = "/etc/pve/pve-root-ca.pem"
 
@@ -97,19 +98,12 @@ def pci_mappings(plan: Plan):
 
 def refresh_commands(plan: Plan) -> list[str]:
     """Commands that bring this node's entry of each planned mapping to the IOMMU group of the
-    kernel running when they run (gpuhost.vmplan.refresh_command): made before a reboot, run
-    after it, before the guests start (deploys.guests.start_guests runs them first)."""
-    node = node_name()
-    if not plan.vm_split.mappings or node is None:
+    kernel running when they run (gpuhost.mappingrefresh, which the boot unit runs too, before
+    pve-guests.service): made before a reboot, run after it, before the deploy starts guests
+    (deploys.guests.start_guests runs them first)."""
+    if not plan.vm_split.mappings or node_name() is None:
         return []
-    managed = observed(host).managed
-    live = parse_pci_mappings((managed.files.get(MAPPINGS_FILE) or "") if managed else "")
-    commands = []
-    for mid, mapping in sorted(plan.vm_split.mappings.items()):
-        have = live.get(mid)
-        others = [m for m in (have.maps if have else ()) if f"node={node}" not in m.split(",")]
-        commands.append(refresh_command(mapping, node, others))
-    return commands
+    return [refresh_command(m) for _, m in sorted(plan.vm_split.mappings.items())]
 
 
 @operation(is_idempotent=True)
@@ -200,7 +194,8 @@ def _put_config(path: str, vm: VmGpus, entries: dict[str, str]):
 
 
 def configure(plan: Plan) -> None:
-    """Apply the Plan's VM side: mappings first (a hostpci entry names one), then each VM."""
+    """Apply the Plan's VM side: mappings first (a hostpci entry names one), then each VM.
+    (The boot unit that refreshes their IOMMU groups is deploys/devices.py's.)"""
     if not plan.vm_split.vms and not plan.vm_split.mappings:
         return
     pci_mappings(name="PCI mappings for the VMs' GPUs", plan=plan)

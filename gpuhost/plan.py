@@ -23,6 +23,8 @@ from gpuhost.driverplan import DriverModules, plan_driver_modules
 from gpuhost.gpus import model_name, needs_open_modules
 from gpuhost.guestdevices import guest_devices
 from gpuhost.hostfacts import HostFacts
+from gpuhost.mappingrefresh import UNIT as MAPPINGS_UNIT
+from gpuhost.mappingrefresh import boot_mappings, refresh_files
 from gpuhost.p2p import plan_p2p
 from gpuhost.preconditions import ControlFacts, Precondition, api_writes, plan_preconditions
 from gpuhost.reasons import (
@@ -95,7 +97,7 @@ class ManagedFile:
 
     path: str
     content: str | None
-    concern: str  # "cmdline" | "modules" | "devices" | "trial" | "userspace"
+    concern: str  # "cmdline" | "modules" | "devices" | "trial" | "userspace" | "mappings" ...
     mode: str = "644"
     link: str | None = None  # a symlink to this target instead of content
 
@@ -396,6 +398,7 @@ def make_plan(
                 modconf.TRIAL_TIMER,
                 PERSISTENCED_UNIT,
                 VFIO_CLAIM_UNIT,
+                MAPPINGS_UNIT,
             ),
         ),
     ]
@@ -448,6 +451,8 @@ def make_plan(
     vfio = plan_vfio(vm_functions, {bdf: d.class_code for bdf, d in facts.pci.items()})
     for path, content, mode, link in vfio_files(vfio):
         files[path] = ManagedFile(path, content, "vfio", mode=mode, link=link)
+    for path, content, mode, link in refresh_files(boot_mappings(vm_functions, facts)):
+        files[path] = ManagedFile(path, content, "mappings", mode=mode, link=link)
     driver_modules = plan_driver_modules(spec, facts)
     preconditions = plan_preconditions(
         spec, facts, api_writes(vm_split, facts), driver_modules, userspace, control

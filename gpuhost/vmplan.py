@@ -19,7 +19,6 @@ plan: one GPU would go to two guests. Pure: reads facts, never the host.
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 
 from facts.proxmox import GuestConfig
@@ -50,30 +49,6 @@ class PciMapping:
         if self.subsystem_id is not None:
             parts["subsystem-id"] = self.subsystem_id
         return ",".join(f"{k}={parts[k]}" for k in sorted(parts))
-
-
-def refresh_command(mapping: PciMapping, node: str, others: list[str]) -> str:
-    """The shell that brings this node's map entry to the board's IOMMU group as the running
-    kernel has it, where it differs; ``others``: the other nodes' entries, kept.
-
-    Proxmox checks the group again at every VM start (pve-guest-common
-    src/PVE/Mapping/PCI.pm, assert_valid: the iommugroup property against the live device), and
-    the group can change at a reboot (the IOMMU turned on, an ACS override, a new kernel): an
-    entry written before such a reboot stops the VM from starting after it. So this runs after
-    the reboot, before any guest starts. Only the group is taken from the host: the id and
-    subsystem id stay the Plan's, so a swapped board still fails the start, as Proxmox intends.
-    """
-    head = f"id={mapping.vendor_device}"
-    tail = f"node={node},path={mapping.path}"
-    if mapping.subsystem_id is not None:
-        tail += f",subsystem-id={mapping.subsystem_id}"
-    keep = "".join(f" --map {shlex.quote(m)}" for m in sorted(others))
-    return (
-        f"g=$(readlink /sys/bus/pci/devices/{mapping.path}.0/iommu_group 2>/dev/null); g=${{g##*/}}; "
-        f'e={head}${{g:+,iommugroup=$g}},{tail}; grep -qxF "$(printf "\\tmap %s" "$e")" '
-        f"/etc/pve/mapping/pci.cfg || pvesh set /cluster/mapping/pci/{mapping.id}{keep} "
-        '--map "$e"'
-    )
 
 
 @dataclass(frozen=True)
@@ -147,6 +122,15 @@ def _entries(config: GuestConfig | None) -> dict[str, str]:
     return entries
 
 
+def board_mapping(board: str, facts: HostFacts) -> PciMapping | None:
+    """The mapping of a board (``0000:c1:00``) as the live device reads; None if not on the bus."""
+    dev = facts.pci.get(f"{board}.0")
+    if dev is None:
+        return None
+    subsystem = f"{dev.subsystem_vendor}:{dev.subsystem_device}" if dev.subsystem_vendor else None
+    return PciMapping(mapping_id(dev.bdf), board, dev.vendor_device, subsystem, dev.iommu_group)
+
+
 def plan_vm_gpus(
     vm_functions: dict[int, tuple[str, ...]],
     vm_names: dict[int, str],
@@ -188,20 +172,11 @@ def plan_vm_gpus(
         boards = sorted({slot(bdf) for bdf in vm_functions.get(vmid, ())})
         wanted: list[str] = []
         for board in boards:
-            dev = facts.pci.get(f"{board}.0")
-            if dev is None:
+            mapping = board_mapping(board, facts)
+            if mapping is None:
                 continue
-            mid = mapping_id(dev.bdf)
-            split.mappings[mid] = PciMapping(
-                id=mid,
-                path=board,
-                vendor_device=dev.vendor_device,
-                subsystem_id=f"{dev.subsystem_vendor}:{dev.subsystem_device}"
-                if dev.subsystem_vendor
-                else None,
-                iommu_group=dev.iommu_group,
-            )
-            wanted.append(mid)
+            split.mappings[mapping.id] = mapping
+            wanted.append(mapping.id)
         entries = _entries(config)
         have = {key: _owned(value) for key, value in entries.items() if _owned(value)}
         delete = tuple(sorted(k for k, m in have.items() if m not in wanted))

@@ -14,6 +14,7 @@ subprocess) fails, naming the fixtures to take instead: GPUHOST_TWIN_FORBID is s
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,6 @@ import pytest
 from tests.build.kernel_cache import BuiltKernel, built_kernel_store, missing
 
 TESTS = Path(__file__).parent
-TIERS = ("unit", "twin", "e2e", "build")
 # The fixtures that boot twins (gpuhost-twin's pytest plugin, tests/e2e/conftest.py) and build.
 TWIN_FIXTURES = frozenset({"twin", "twins", "twin_fleet", "twin_base", "trixie_base", "fresh"})
 BUILD_FIXTURES = frozenset({"built_kernel"})
@@ -42,9 +42,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         item.add_marker(getattr(pytest.mark, tier(item)))
     if hasattr(config, "workerinput"):  # an xdist worker (xdist sets numprocesses None there)
-        # On xdist workers the longest work goes out first (the kernel builds, then e2e), so it
-        # overlaps the many short tests instead of running alone at the end.
-        items.sort(key=lambda item: TIERS[::-1].index(tier(item)))
+        items.sort(key=run_order)
+
+
+# The order xdist workers take modules in (./gpuhost-test runs --dist loadscope with
+# --no-loadscope-reorder, which keeps it; xdist's default reorder puts the modules with the
+# most tests first, so the long few-test e2e modules ran last, one core idle beside them): the
+# longest work first, the many short tests last, filling the end. BUILDS_FIRST builds a kernel
+# itself (the cache's build on a clean machine, tests/build/killed_build.py; its own over SSH
+# on a warm one); the other build-tier tests wait for that kernel, so e2e work overlaps it.
+BUILDS_FIRST = "tests/build/test_build_host.py"
+RUN_ORDER = ("e2e", "build", "twin", "unit")
+
+
+def run_order(item: pytest.Item) -> int:
+    if Path(item.path).resolve() == (TESTS.parent / BUILDS_FIRST).resolve():
+        return 0
+    return 1 + RUN_ORDER.index(tier(item))
 
 
 @pytest.fixture(autouse=True)
@@ -58,10 +72,18 @@ def _unit_tier_boots_no_twin(request: pytest.FixtureRequest, monkeypatch: pytest
 
 
 @pytest.fixture(scope="session")
-def built_kernel() -> BuiltKernel:
+def run_id(request: pytest.FixtureRequest) -> str:
+    """An id of this test run, the same on each of its xdist workers."""
+    worker = getattr(request.config, "workerinput", None)
+    return worker["testrunuid"] if worker is not None else uuid.uuid4().hex
+
+
+@pytest.fixture(scope="session")
+def built_kernel(run_id: str) -> BuiltKernel:
     """The real test kernel (tests/build/kernel_cache.py): its store, release and compiler text,
-    built once per machine. Skips, naming what is missing, where it cannot be built."""
+    built once per machine (the build that fills the cache is this run's killed remote build,
+    tests/build/killed_build.py). Skips, naming what is missing, where it cannot be built."""
     lacking = missing()
     if lacking:
         pytest.skip(f"the real kernel build needs {', '.join(lacking)}")
-    return built_kernel_store()
+    return built_kernel_store(run_id)

@@ -309,7 +309,9 @@ def push(twin: node.Twin, ctid: int, file: str, dest: str, perms: Any) -> dict[s
 
 
 def start_onboot(twin: node.Twin) -> None:
-    """pve-guests.service at boot: startall without force (twin/pve/startstop.py), so every
+    """pve-guests.service at boot (pve-manager services/pve-guests.service: ExecStart=/usr/bin/
+    pvesh --nooutput create /nodes/localhost/startall, after the boot units gpuhost orders
+    Before=it): startall without force (twin/pve/startstop.py), so every
     guest with `onboot: 1` starts in startup order (ascending `order`, guests without one last,
     vmid within an order), `up` seconds apart. VMs are state only (runtime.start_qemu)."""
 

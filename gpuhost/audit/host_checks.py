@@ -67,7 +67,9 @@ def boot_loader(ctx: AuditContext) -> list[Finding]:
 
 
 @check(
-    "boot.iommu_groups", "IOMMU groups of passed-through GPUs are whole and hold no stray device"
+    "boot.iommu_groups",
+    "IOMMU groups of passed-through GPUs are whole and hold no stray device; the boot unit that "
+    "refreshes the groups in their mappings is the Plan's",
 )
 def boot_iommu_groups(ctx: AuditContext) -> list[Finding]:
     if not ctx.plan.vm_functions:
@@ -101,7 +103,9 @@ def boot_iommu_groups(ctx: AuditContext) -> list[Finding]:
                         "re-run the deploy",
                     )
                 )
-    return findings
+    # the boot unit that gives the VMs' mappings these groups before pve-guests starts them
+    refresh = [f for f in ctx.plan.files.values() if f.concern == "mappings"]
+    return findings + file_findings(ctx, refresh, REDEPLOY)
 
 
 @check("boot.snp", "SEV-SNP state is what the plan chose (keep SNP, or iommu=pt)")

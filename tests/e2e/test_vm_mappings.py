@@ -117,11 +117,15 @@ def test_a_mapping_written_before_the_iommu_came_on_is_refreshed_before_the_vm_s
     """The lumped board (Intel): no IOMMU, so no groups, until the deploy's reboot turns it on.
     The mapping is written before that reboot, without a group; Proxmox's start check
     (pve-guest-common Mapping/PCI.pm assert_valid, twin/pve/mapping.py) then wants the group the
-    device has now. The running VM stopped for the reboot must start again after it."""
+    device has now. The VM is `onboot`: pve-guests.service starts it at that boot, before the
+    deploy is back (twin/guests.py start_onboot), so the group is refreshed by then
+    (gpuhost-pci-mappings.service); and the running VM stopped for the reboot runs after it."""
     twin = fresh("lumped")
     kernel = with_driver(twin, modules, VERSION)
     put(
-        twin, "/etc/pve/qemu-server/141.conf", "cores: 2\nmachine: q35\nmemory: 4096\nname: vm141\n"
+        twin,
+        "/etc/pve/qemu-server/141.conf",
+        "cores: 2\nmachine: q35\nmemory: 4096\nname: vm141\nonboot: 1\n",
     )
     rc, _, err = twin.run("qm start 141")
     assert rc == 0, err
@@ -141,5 +145,11 @@ def test_a_mapping_written_before_the_iommu_came_on_is_refreshed_before_the_vm_s
     assert "iommugroup=31" in (twin.root / "etc/pve/mapping/pci.cfg").read_text()
     rc, out, _ = twin.run("qm status 141")
     assert out.strip() == "status: running", out
+    # started by the boot (pve-guests), not only by the deploy afterwards
+    power = (twin.root / "var/log/gpuhost-twin/guest-power.log").read_text().splitlines()
+    assert [line.split()[1:] for line in power][-2:] == [
+        ["stop", "qemu", "141", "stopall"],
+        ["start", "qemu", "141", "boot"],
+    ], power
     again = deploy(inv, env=token_env(twin))
     assert again.rc == 0 and not again.changed, again.output[-3000:]

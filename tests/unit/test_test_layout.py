@@ -32,3 +32,14 @@ def test_a_unit_tier_test_cannot_start_a_twin(request):
     for start in (rootfs.ensure_base, node.check_machine):
         with pytest.raises(rootfs.RootfsError, match=re.escape(request.node.nodeid)):
             start()
+
+
+def test_workers_take_modules_in_the_conftest_order(request):
+    """./gpuhost-test keeps tests/conftest.py's run_order (xdist's reorder would put the modules
+    with most tests first, the long few-test e2e modules last), whose first module exists."""
+    from tests.conftest import BUILDS_FIRST, RUN_ORDER, run_order
+
+    script = (TESTS.parent / "gpuhost-test").read_text()
+    assert "--dist loadscope --no-loadscope-reorder" in script
+    assert (TESTS.parent / BUILDS_FIRST).is_file()
+    assert run_order(request.node) == 1 + RUN_ORDER.index("unit")

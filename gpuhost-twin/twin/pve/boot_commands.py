@@ -4,6 +4,7 @@ hooks (stdlib only); the work is in bootloader, esp_sync, grub and initramfs."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from . import boot_functions as bf
@@ -12,6 +13,18 @@ from . import esp_sync, grub, initramfs
 from .clihandler import Output
 
 # --- proxmox-boot-tool / update-grub / update-initramfs ---
+
+
+def _collected(out: Output, script: Callable[[bf.Out], int | None]) -> int:
+    """Run one simulated script into collected output, handed to ``out`` afterwards: its exit
+    status is what it returns (None: 0), or the status of the bf.Exit it stopped with."""
+    bo = bf.Out()
+    try:
+        rc = script(bo) or 0
+    except bf.Exit as exc:
+        rc = exc.rc
+    out.take(bo)
+    return rc
 
 
 def _boot_usage(sub: str | None, out: bf.Out) -> None:
@@ -41,13 +54,7 @@ def _boot_usage(sub: str | None, out: bf.Out) -> None:
 
 
 def boot_tool(root: Path, argv: list[str], out: Output) -> int:
-    bo = bf.Out()
-    try:
-        rc = _boot_tool(root, argv, bo)
-    except bf.Exit as exc:
-        rc = exc.rc
-    out.take(bo)
-    return rc
+    return _collected(out, lambda bo: _boot_tool(root, argv, bo))
 
 
 def _boot_tool(root: Path, argv: list[str], bo: bf.Out) -> int:
@@ -118,14 +125,7 @@ def _boot_tool(root: Path, argv: list[str], bo: bf.Out) -> int:
 
 
 def update_grub(root: Path, argv: list[str], out: Output) -> int:
-    bo = bf.Out()
-    rc = 0
-    try:
-        grub.update_grub(root, bo)
-    except bf.Exit as exc:
-        rc = exc.rc
-    out.take(bo)
-    return rc
+    return _collected(out, lambda bo: grub.update_grub(root, bo))
 
 
 INITRAMFS_USAGE = "Usage: update-initramfs {-c|-d|-u} [-k version] [-v] [-b directory]"
@@ -162,14 +162,7 @@ def update_initramfs(root: Path, argv: list[str], out: Output) -> int:
                 out.out(f"update-initramfs: Deleting /boot/initrd.img-{ver}")
                 initrd.unlink()
         return 0
-    bo = bf.Out()
-    rc = 0
-    try:
-        initramfs.update_initramfs(root, bo, mode, version)
-    except bf.Exit as exc:
-        rc = exc.rc
-    out.take(bo)
-    return rc
+    return _collected(out, lambda bo: initramfs.update_initramfs(root, bo, mode, version))
 
 
 def mkinitramfs(root: Path, argv: list[str], out: Output) -> int:
@@ -191,24 +184,10 @@ def mkinitramfs(root: Path, argv: list[str], out: Output) -> int:
         out.err(initramfs.MKINITRAMFS_USAGE)
         return 2
     version = version or bf.running_kernel(root)
-    bo = bf.Out()
-    rc = 0
-    try:
-        initramfs.mkinitramfs(root, bo, outfile, version)
-    except bf.Exit as exc:
-        rc = exc.rc
-    out.take(bo)
-    return rc
+    return _collected(out, lambda bo: initramfs.mkinitramfs(root, bo, outfile, version))
 
 
 def kernel_hook(root: Path, argv: list[str], out: Output) -> int:
     """argv: <phase> <hook name> <version> [<image>] (run-parts passes version and image)."""
     phase, name, version = [*argv, "", "", ""][:3]
-    bo = bf.Out()
-    rc = 0
-    try:
-        bl.kernel_hook(root, bo, phase, name, version)
-    except bf.Exit as exc:
-        rc = exc.rc
-    out.take(bo)
-    return rc
+    return _collected(out, lambda bo: bl.kernel_hook(root, bo, phase, name, version))
