@@ -24,6 +24,7 @@ MANAGED_PATHS = (
     "/etc/initramfs-tools/hooks/gpuhost-*",
     "/etc/systemd/system/gpuhost-*",
     "/etc/systemd/system/*.wants/gpuhost-*",
+    "/etc/systemd/system/*.d/gpuhost-*.conf",
     "/usr/local/lib/gpuhost/*",
     "/var/lib/gpuhost/*",
     # Proxmox's, read only: the node name (/etc/pve/local links to nodes/<node>), the cluster

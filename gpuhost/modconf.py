@@ -22,6 +22,9 @@ TRIAL_SCRIPT = "/usr/local/lib/gpuhost/trial-deadline"
 TRIAL_UNIT = "/etc/systemd/system/gpuhost-trial-deadline.service"
 TRIAL_TIMER = "/etc/systemd/system/gpuhost-trial-deadline.timer"
 TRIAL_WANTS = "/etc/systemd/system/timers.target.wants/gpuhost-trial-deadline.timer"
+# pve-guests.service waits on a trial boot until the commit (files/gpuhost-trial-hold).
+TRIAL_HOLD_SCRIPT = "/usr/local/lib/gpuhost/trial-hold"
+TRIAL_HOLD_DROPIN = "/etc/systemd/system/pve-guests.service.d/gpuhost-trial-hold.conf"
 # Files that matter early in boot: the initramfs carries /etc/modprobe.d (initramfs-tools'
 # kmod hook) but not modules-load.d, which only the real root's systemd-modules-load reads; so
 # a blacklist takes effect in the initramfs only once it is rebuilt.

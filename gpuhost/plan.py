@@ -361,11 +361,14 @@ def make_plan(
         modconf.DEVICES_WANTS, None, "devices", link=modconf.DEVICES_UNIT if on_host else None
     )
 
-    # The trial boot's deadline timer: installed on every host, idle without a trial record.
+    # The trial boot's deadline timer and the onboot guests' wait for the commit: installed on
+    # every host, idle without a trial record.
     for path, shipped, mode in (
         (modconf.TRIAL_SCRIPT, "gpuhost-trial-deadline", "755"),
         (modconf.TRIAL_UNIT, "gpuhost-trial-deadline.service", "644"),
         (modconf.TRIAL_TIMER, "gpuhost-trial-deadline.timer", "644"),
+        (modconf.TRIAL_HOLD_SCRIPT, "gpuhost-trial-hold", "755"),
+        (modconf.TRIAL_HOLD_DROPIN, "gpuhost-trial-hold.conf", "644"),
     ):
         files[path] = ManagedFile(path, modconf.static_file(shipped), "trial", mode=mode)
     files[modconf.TRIAL_WANTS] = ManagedFile(
@@ -396,6 +399,7 @@ def make_plan(
                 modconf.DEVICES_UNIT,
                 modconf.TRIAL_UNIT,
                 modconf.TRIAL_TIMER,
+                modconf.TRIAL_HOLD_DROPIN,
                 PERSISTENCED_UNIT,
                 VFIO_CLAIM_UNIT,
                 MAPPINGS_UNIT,

@@ -99,7 +99,58 @@ class Supervisor:
             # Up before sshd, so a twin that answers SSH answers the API too.
             self.api, _ = api.serve_in_thread(self.root, self.twin.address, API_PORT)
         self.start_sshd()
-        guests.start_onboot(self.twin)
+        self.start_guests()
+
+    def start_guests(self) -> None:
+        """pve-guests.service (pve-manager services/pve-guests.service): the ExecStartPre lines
+        its drop-ins add, then startall of the onboot guests. (Its own ExecStartPre,
+        pve-startall-delay, only sleeps the datacenter's startall delay: left out.) A pre-step
+        still running after a moment keeps the guests waiting, as systemd keeps the unit
+        activating (TimeoutSec=infinity): a thread waits for it and queues the start as a
+        request, so it runs between other requests. A reboot kills the pre-step (it runs in the
+        twin) and with it that start; a failed pre-step fails the unit: no guest starts."""
+        pre = units.drop_in_exec_start_pre(self.root, "pve-guests.service")
+        if not pre:
+            guests.start_onboot(self.twin)
+            return
+        script = "\n".join(
+            f"{{ {line.lstrip('-@+!:')}\n}} || :"
+            if line.startswith("-")
+            else f"{line.lstrip('@+!:')} || exit $?"
+            for line in pre
+        )
+        with open(self.twin.dir / "pve-guests.log", "ab") as out:
+            proc = subprocess.Popen(
+                ["chroot", str(self.root), "/bin/sh", "-c", script],
+                env=units.ENV,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+            )
+        try:
+            rc = proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            boot = self.root / "proc/sys/kernel/random/boot_id"
+            threading.Thread(
+                target=self._start_guests_after, args=(proc, boot.read_text()), daemon=True
+            ).start()
+            log("pve-guests: waiting for its ExecStartPre")
+            return
+        if rc == 0:
+            guests.start_onboot(self.twin)
+        else:
+            log(f"pve-guests: ExecStartPre failed ({rc}): no guest started")
+
+    def _start_guests_after(self, proc: subprocess.Popen[bytes], boot_id: str) -> None:
+        rc = proc.wait()
+        boot = self.root / "proc/sys/kernel/random/boot_id"
+        if rc != 0 or self.stopping.is_set() or not boot.exists() or boot.read_text() != boot_id:
+            log(f"pve-guests: ExecStartPre ended ({rc}); no guest started by it")
+            return
+        request = self.requests / f"pve-guests-{uuid.uuid4()}.json"
+        tmp = request.with_name(f".{request.name}.tmp")
+        tmp.write_text(json.dumps({"op": "onboot"}))
+        tmp.rename(request)
 
     def start_sshd(self) -> None:
         cfg = self.twin.dir / "ssh" / "sshd_config"
@@ -168,6 +219,9 @@ class Supervisor:
         if op == "reboot":
             self.reboot()
             return None  # the requester's session is gone; nobody reads an answer
+        if op == "onboot":  # pve-guests' startall, after its ExecStartPre let it go on
+            guests.start_onboot(self.twin)
+            return None
         if op in ("ct-start", "ct-stop", "ct-status", "ct-exec", "ct-push", "ct-hotplug-dev"):
             try:
                 ctid = int(req["ctid"])

@@ -12,7 +12,9 @@ for it until the timeout. A failure is recorded as
 shows as failed; success is recorded as <unit>.started.
 
 Not simulated: Type=simple/notify/exec units, targets, ordering between units (After=/Before= are not
-read), ExecStartPre/Post, User=, Environment=, timeouts other than a fixed one.
+read), ExecStartPre/Post (except the drop-ins' ExecStartPre of pve-guests.service, which the
+supervisor runs before the onboot guests start: ``drop_in_exec_start_pre``), User=,
+Environment=, timeouts other than a fixed one.
 """
 
 from __future__ import annotations
@@ -55,6 +57,17 @@ def unit_file(root: Path, name: str) -> Path | None:
         if (root / d / name).is_file():
             return root / d / name
     return None
+
+
+def drop_in_exec_start_pre(root: Path, unit: str) -> list[str]:
+    """The ExecStartPre= lines the drop-ins (<unit>.d/*.conf, in file name order across the unit
+    directories, /etc first for a name in several: systemd.unit(5) "drop-in") add to ``unit``."""
+    confs: dict[str, Path] = {}
+    for d in UNIT_DIRS:
+        folder = Path(root) / d / f"{unit}.d"
+        for conf in sorted(folder.glob("*.conf")) if folder.is_dir() else []:
+            confs.setdefault(conf.name, conf)
+    return [line for name in sorted(confs) for line in service(confs[name]).get("ExecStartPre", [])]
 
 
 def run_boot_units(root: Path) -> dict[str, int]:

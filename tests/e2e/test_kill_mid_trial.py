@@ -14,14 +14,18 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 from tests.e2e.conftest import deploy
+from tests.e2e.test_audit_twin import put
 from tests.e2e.test_kill_and_rerun import kill_when, start
 from tests.e2e.test_trial_deploy import NEW, OLD, boot_attempts, pinned, trial_twin
 from twin import processes
+from twin.pytest_plugin import PVE_DIRS
 
 RECORD = "var/lib/gpuhost/trial"
+HELD = "the onboot guests start once gpuhost has committed it"  # files/gpuhost-trial-hold
 HUNG = "run/gpuhost-test-hung"
 SYSTEMCTL = "usr/local/bin/systemctl"  # the twin's shim
 
@@ -56,8 +60,26 @@ def converges(twin, inv) -> None:
     assert again.rc == 0 and not again.changed and again.reboots == 0, again.output[-3000:]
 
 
+def ct_status(twin, ctid: int) -> str:
+    return twin.run(f"pct status {ctid}")[1].split()[-1]
+
+
+def wait_for(check, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def test_killed_after_the_trial_reboot_before_the_gate(fresh, tmp_path):
+    """Also: an onboot container (pve-guests.service starts it at boot) waits on the trial boot
+    until the commit, so it never runs on the unconfirmed kernel with the trial's panic
+    settings (files/gpuhost-trial-hold, run as pve-guests' ExecStartPre)."""
     twin, inv = trial_twin(fresh, tmp_path, "systemd-boot")
+    twin.run(PVE_DIRS)
+    put(twin, "/etc/pve/lxc/300.conf", "arch: amd64\nhostname: ct300\nostype: debian\nonboot: 1\n")
     boot_id = twin.boot_id()
     proc = start(inv)
     output = kill_when(proc, lambda: twin.boot_id() != boot_id)  # the trial reboot went out
@@ -66,8 +88,12 @@ def test_killed_after_the_trial_reboot_before_the_gate(fresh, tmp_path):
     # Where the kill left it: the trial kernel runs, nothing pinned it, the record is there.
     assert twin.run("uname -r")[1].strip() == NEW
     assert pinned(twin) == OLD and (twin.root / RECORD).exists()
+    log = twin.twin.dir / "pve-guests.log"
+    assert wait_for(lambda: log.exists() and HELD in log.read_text()), "pve-guests did not wait"
+    assert ct_status(twin, 300) == "stopped"
     converges(twin, inv)
     assert [a["kernel"] for a in boot_attempts(twin)] == [NEW]  # no second reboot to get there
+    assert wait_for(lambda: ct_status(twin, 300) == "running")  # the commit let it start
 
 
 def test_killed_after_the_oneshot_before_the_reboot(fresh, tmp_path):
