@@ -117,9 +117,11 @@ def test_a_mapping_written_before_the_iommu_came_on_is_refreshed_before_the_vm_s
     """The lumped board (Intel): no IOMMU, so no groups, until the deploy's reboot turns it on.
     The mapping is written before that reboot, without a group; Proxmox's start check
     (pve-guest-common Mapping/PCI.pm assert_valid, twin/pve/mapping.py) then wants the group the
-    device has now. The VM is `onboot`: pve-guests.service starts it at that boot, before the
-    deploy is back (twin/guests.py start_onboot), so the group is refreshed by then
-    (gpuhost-pci-mappings.service); and the running VM stopped for the reboot runs after it."""
+    device has now. The running VM stopped for the reboot runs after it (the deploy refreshes the
+    mapping before it starts guests; on that trial boot pve-guests waits for the commit). The VM
+    is `onboot`: at a later plain reboot, pve-guests.service starts it before any deploy
+    (twin/guests.py start_onboot), so a group that changed is refreshed by then
+    (gpuhost-pci-mappings.service)."""
     twin = fresh("lumped")
     kernel = with_driver(twin, modules, VERSION)
     put(
@@ -145,11 +147,18 @@ def test_a_mapping_written_before_the_iommu_came_on_is_refreshed_before_the_vm_s
     assert "iommugroup=31" in (twin.root / "etc/pve/mapping/pci.cfg").read_text()
     rc, out, _ = twin.run("qm status 141")
     assert out.strip() == "status: running", out
-    # started by the boot (pve-guests), not only by the deploy afterwards
+    # a plain reboot with yesterday's group in the mapping: the boot unit refreshes it before
+    # pve-guests starts the onboot VM, with no deploy involved
+    cfg = twin.root / "etc/pve/mapping/pci.cfg"
+    cfg.write_text(cfg.read_text().replace("iommugroup=31", "iommugroup=7"))
+    twin.reboot()
+    assert "iommugroup=31" in cfg.read_text()
     power = (twin.root / "var/log/gpuhost-twin/guest-power.log").read_text().splitlines()
     assert [line.split()[1:] for line in power][-2:] == [
         ["stop", "qemu", "141", "stopall"],
         ["start", "qemu", "141", "boot"],
     ], power
+    rc, out, _ = twin.run("qm status 141")
+    assert out.strip() == "status: running", out
     again = deploy(inv, env=token_env(twin))
     assert again.rc == 0 and not again.changed, again.output[-3000:]
