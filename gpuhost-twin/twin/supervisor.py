@@ -105,7 +105,7 @@ class Supervisor:
         """pve-guests.service (pve-manager services/pve-guests.service): the ExecStartPre lines
         its drop-ins add, then startall of the onboot guests. (Its own ExecStartPre,
         pve-startall-delay, only sleeps the datacenter's startall delay: left out.) A pre-step
-        still running after 5 s keeps the guests waiting, as systemd keeps the unit
+        still running after 2 s keeps the guests waiting, as systemd keeps the unit
         activating (TimeoutSec=infinity): a thread waits for it and queues the start as a
         request, so it runs between other requests. A reboot kills the pre-step (it runs in the
         twin) and with it that start; a failed pre-step fails the unit: no guest starts."""
@@ -128,7 +128,7 @@ class Supervisor:
                 stderr=out,
             )
         try:
-            rc = proc.wait(timeout=5.0)
+            rc = proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             boot = self.root / "proc/sys/kernel/random/boot_id"
             threading.Thread(
