@@ -33,6 +33,23 @@ rm -f /boot/initrd.img-@KVNAME@ /boot/initrd.img-@KVNAME@.bak /var/lib/initramfs
 """
 
 
+def _control(tree: Path, package: str, release: str, description: str) -> None:
+    (tree / "DEBIAN/control").write_text(
+        f"Package: {package}\nVersion: {release}-1\nArchitecture: amd64\n"
+        f"Maintainer: gpuhost tests <root@localhost>\nDescription: {description}\n"
+    )
+
+
+def _pack(tree: Path, deb: Path) -> Path:
+    """``tree`` packed into ``deb`` by the real dpkg-deb."""
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)],
+        check=True,
+        capture_output=True,
+    )
+    return deb
+
+
 def kernel_deb(
     out: Path,
     release: str,
@@ -54,10 +71,7 @@ def kernel_deb(
     mods = tree / ("usr/lib" if usr_merged else "lib") / "modules" / release
     (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
     (tree / "boot").mkdir(exist_ok=True)
-    (tree / "DEBIAN/control").write_text(
-        f"Package: {package}\nVersion: {release}-1\nArchitecture: amd64\n"
-        "Maintainer: gpuhost tests <root@localhost>\nDescription: test kernel\n"
-    )
+    _control(tree, package, release, "test kernel")
     if proxmox:
         for name, script in (("postinst", POSTINST), ("postrm", POSTRM)):
             (tree / "DEBIAN" / name).write_text(script.replace("@KVNAME@", release))
@@ -77,12 +91,7 @@ def kernel_deb(
         for name in ("zfs", "spl"):
             (mods / f"zfs/{name}.ko").write_bytes(b"\x7fELF")
     deb = out / f"{package}_{release}-1_amd64.deb"
-    subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)],
-        check=True,
-        capture_output=True,
-    )
-    return deb
+    return _pack(tree, deb)
 
 
 def headers_deb(out: Path, release: str, proxmox: bool = False) -> Path:
@@ -93,18 +102,10 @@ def headers_deb(out: Path, release: str, proxmox: bool = False) -> Path:
     src = tree / f"usr/src/linux-headers-{release}"
     (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
     src.mkdir(parents=True, exist_ok=True)
-    (tree / "DEBIAN/control").write_text(
-        f"Package: {package}\nVersion: {release}-1\nArchitecture: amd64\n"
-        "Maintainer: gpuhost tests <root@localhost>\nDescription: test kernel headers\n"
-    )
+    _control(tree, package, release, "test kernel headers")
     (src / ".config").write_text(f'CONFIG_CC_VERSION_TEXT="{GCC}"\nCONFIG_MODULES=y\n')
     deb = out / f"{package}_{release}-1_amd64.deb"
-    subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)],
-        check=True,
-        capture_output=True,
-    )
-    return deb
+    return _pack(tree, deb)
 
 
 def proxmox_debs(out: Path, release: str, twin_root: Path, gcc: str = GCC) -> list[Path]:
@@ -129,14 +130,6 @@ def proxmox_debs(out: Path, release: str, twin_root: Path, gcc: str = GCC) -> li
     build.parent.mkdir(parents=True, exist_ok=True)
     build.symlink_to(f"/usr/src/linux-headers-{release}")
     (headers / "DEBIAN").mkdir(exist_ok=True)
-    (headers / "DEBIAN/control").write_text(
-        f"Package: proxmox-headers-{release}\nVersion: {release}-1\nArchitecture: amd64\n"
-        "Maintainer: gpuhost tests <root@localhost>\nDescription: test kernel headers\n"
-    )
+    _control(headers, f"proxmox-headers-{release}", release, "test kernel headers")
     headers_deb = out / f"proxmox-headers-{release}_{release}-1_amd64.deb"
-    subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(headers), str(headers_deb)],
-        check=True,
-        capture_output=True,
-    )
-    return [image, headers_deb]
+    return [image, _pack(headers, headers_deb)]
