@@ -200,6 +200,9 @@ def start(twin: node.Twin, ctid: int) -> dict[str, Any]:
     cdir = twin.dir / "lxc" / name
     cdir.mkdir(parents=True, exist_ok=True)
     (cdir / "config").write_text("\n".join(config) + "\n")
+    # The guest's key goes into known_hosts before its sshd listens: a client that sees port 22
+    # open (a test waiting for an onboot start) must find the key already there.
+    node.write_known_hosts()
     # Foreground (-F) as our child, not daemonized: the supervisor reaps the monitor itself
     # instead of leaving a zombie to an init that may not reap.
     with open(gdir / "lxc-start.log", "ab") as out:
@@ -219,7 +222,6 @@ def start(twin: node.Twin, ctid: int) -> dict[str, Any]:
         _teardown(twin, ctid)
         return answer(255, stderr=f"{log_tail}startup for container '{ctid}' failed\n")
     guest_state.set_running(twin.root, "lxc", ctid, True, address=twin.guest_address(ctid))
-    node.write_known_hosts()
     return answer(0)
 
 
