@@ -44,6 +44,11 @@ class BootPathInfo:
     next_boot_pin: str | None = None  # /etc/kernel/next-boot-pin, first line
     boot_free: int | None = None  # bytes available on the file system holding /boot
     boot_size: int | None = None
+    # bootctl on PATH (None: not read). It sets systemd-boot's one-shot, and comes from a package
+    # that can be missing: systemd-boot on Debian 12; on Debian 13 systemd-boot-tools, while
+    # pve8to9 asks for the systemd-boot meta-package to be removed (pve-manager
+    # PVE/CLI/pve8to9.pm, check_bootloader).
+    bootctl: bool | None = None
 
     @property
     def systemd_boot_started(self) -> bool:
@@ -89,7 +94,8 @@ def boot_path_command() -> str:
             f'[ -f {BOOT_PIN} ] && echo "pin $(head -n1 {BOOT_PIN})"',
             f'[ -f {NEXT_BOOT_PIN} ] && echo "next-boot-pin $(head -n1 {NEXT_BOOT_PIN})"',
             "df -B1 --output=avail,size /boot 2>/dev/null | tail -n +2 | sed 's/^/boot-space /'",
-            "true",
+            "if command -v bootctl >/dev/null 2>&1; then echo 'bootctl yes'; "
+            "else echo 'bootctl no'; fi",
         ]
     )
 
@@ -102,8 +108,8 @@ def parse_boot_path(lines: list[str]) -> BootPathInfo:
             continue
         tag, _, rest = line.partition(" ")
         rest = rest.strip()
-        if tag == "uefi" and rest in ("yes", "no"):
-            values["uefi"] = rest == "yes"
+        if tag in ("uefi", "bootctl") and rest in ("yes", "no"):
+            values[tag] = rest == "yes"
         elif tag == "efivar":
             name, _, hex_bytes = rest.partition(" ")
             if name not in LOADER_VARIABLES:

@@ -200,6 +200,11 @@ def plan_trial_boot(
                 "(no LoaderInfo EFI variable), so bootctl cannot set a one-shot; boot the host "
                 "through systemd-boot first"
             )
+        if path.bootctl is False:
+            problems.append(
+                "bootctl, which sets systemd-boot's one-shot, is not installed: apt install "
+                "systemd-boot-tools (Proxmox VE 9; on Proxmox VE 8 it comes with systemd-boot)"
+            )
     elif method in ("grub", "grub-esp", "grub-no-oneshot"):
         if devid is None or not _ID_PART.fullmatch(devid):
             problems.append(

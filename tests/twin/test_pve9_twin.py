@@ -82,3 +82,33 @@ def test_created_containers_default_to_unprivileged(twin) -> None:
     rc, _, err = twin.run(f"pvesh create /nodes/{twin.name}/lxc --vmid 150 --hostname ct150")
     assert rc == 0, err
     assert "unprivileged: 1\n" in twin.run("cat /etc/pve/lxc/150.conf")[1]
+
+
+def test_without_bootctl_the_systemd_boot_trial_is_refused(twin) -> None:
+    """On Debian 13 bootctl is in systemd-boot-tools, and pve8to9 asks for the systemd-boot
+    meta-package to go (pve-manager PVE/CLI/pve8to9.pm, check_bootloader): a host left without
+    bootctl has no one-shot, which the plan says before anything changes."""
+    from facts.boot import boot_path_command, parse_boot_path
+    from gpuhost.hostfacts import FACTS, fact_command
+    from gpuhost.trialboot import plan_trial_boot
+
+    def trial():
+        rc, out, err = twin.run(boot_path_command())
+        assert rc == 0, err
+        path = parse_boot_path(out.splitlines())
+        rc, out, err = twin.run(fact_command("BootTool"))
+        assert rc == 0, err
+        tool = FACTS["BootTool"][0]().process(out.splitlines())
+        running = twin.run("uname -r")[1].strip()
+        return path, plan_trial_boot(running, running, path, tool, options="quiet")
+
+    path, planned = trial()
+    assert path.bootctl is True and planned.can_apply, planned.refusal
+    hide = "for f in /usr/bin/bootctl /usr/local/bin/bootctl; do mv $f $f.away; done"
+    assert twin.run(hide)[0] == 0
+    try:
+        path, planned = trial()
+        assert path.bootctl is False and not planned.can_apply
+        assert "apt install systemd-boot-tools" in (planned.refusal or "")
+    finally:
+        twin.run("for f in /usr/bin/bootctl /usr/local/bin/bootctl; do mv $f.away $f; done")

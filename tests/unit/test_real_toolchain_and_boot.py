@@ -38,7 +38,8 @@ def test_boot_path_of_a_bios_vm_without_proxmox() -> None:
     path = BootPath().process(captured("h200x1", "BootPath"))
     assert path.known and not path.uefi and not path.systemd_boot_started
     assert path.esp_uuids is None and path.grubenv is None
-    assert (path.boot_free, path.boot_size) == (68676599808, 270553174016)  # as recaptured
+    assert (path.boot_free, path.boot_size) == (68677652480, 270553174016)  # as recaptured
+    assert path.bootctl is False  # a bare machine: no systemd-boot package (recaptured 12-03)
 
 
 @pytest.mark.parametrize("key", ["KernelCompilers", "BootPath"])

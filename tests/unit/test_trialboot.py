@@ -238,6 +238,19 @@ def test_systemd_boot_refused_when_this_boot_did_not_use_it() -> None:
     assert "LoaderInfo" in (trial.refusal or "") and trial.oneshot == ()
 
 
+def test_systemd_boot_refused_without_bootctl() -> None:
+    """Proxmox VE 9 keeps bootctl in systemd-boot-tools; a host without it has no one-shot."""
+    path = parse_boot_path([*proxmox("boot-path-systemd-boot.out"), "bootctl no"])
+    assert path.bootctl is False
+    tool = parse_boot_tool_status(proxmox("boot-tool-status-uefi.out"))
+    trial = plan_trial_boot(OLD, NEW, path, tool, options="root=ZFS=rpool/ROOT/pve-1")
+    assert trial.method == "systemd-boot" and not trial.can_apply
+    assert "apt install systemd-boot-tools" in (trial.refusal or "")
+    assert trial.oneshot == ()
+    with_it = replace(path, bootctl=True)
+    assert plan_trial_boot(OLD, NEW, with_it, tool, options="root=ZFS=rpool/ROOT/pve-1").can_apply
+
+
 def test_grub_on_esps_sets_next_entry_on_every_esp() -> None:
     trial = grub_esp()
     entry = GRUB_TRIAL_ID
