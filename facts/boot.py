@@ -52,8 +52,10 @@ class BootPathInfo:
 
     @property
     def systemd_boot_started(self) -> bool:
-        """LoaderInfo exists only when a Boot Loader Interface loader started this boot."""
-        return "LoaderInfo" in self.efivars
+        """systemd-boot started this boot: its LoaderInfo ("systemd-boot 252.39-1~deb12u2").
+        Not just any LoaderInfo: GRUB 2.12 (Debian 13, loaded by /etc/grub.d/25_bli) sets one
+        too ("GRUB 2.12", grub-core/commands/bli.c) but has no LoaderEntryOneShot."""
+        return self.efivars.get("LoaderInfo", "").startswith("systemd-boot ")
 
     @property
     def grubenv_unwritable_by_grub(self) -> str | None:

@@ -197,8 +197,8 @@ def plan_trial_boot(
         if not path.uefi or not path.systemd_boot_started:
             problems.append(
                 "the ESPs are set up for systemd-boot but this boot did not start through it "
-                "(no LoaderInfo EFI variable), so bootctl cannot set a one-shot; boot the host "
-                "through systemd-boot first"
+                f"(LoaderInfo: {path.efivars.get('LoaderInfo', 'none')!r}), so bootctl cannot set "
+                "a one-shot; boot the host through systemd-boot first"
             )
         if path.bootctl is False:
             problems.append(

@@ -243,14 +243,26 @@ def grubenv_path(root: Path, cfg: dict) -> tuple[Path, bool]:
     return Path(root) / "boot/grub/grubenv", False
 
 
+GRUB_BLI_INFO = "GRUB 2.12"  # Debian 13's grub2 2.12 PACKAGE_STRING
+
+
 def _grub(
     root: Path, profile: Profile, cfg: dict, entries: list[str], default: str, newest: str
 ) -> tuple[str, dict | None]:
     """The kernel GRUB boots and, for a menu entry of another /etc/grub.d script that
     next_entry names, that entry (its own linux, options and initrd)."""
-    if efivars.uefi(root):  # GRUB sets no Boot Loader Interface variables (volatile ones go)
+    esps = cfg.get("grub_on_esp") or []
+    base = Path(root) / ESP_DIR / esps[0] if esps else Path(root)  # GRUB's root device
+    if efivars.uefi(root):  # volatile Boot Loader Interface variables go with the reboot
         for name in ("LoaderInfo", "LoaderEntrySelected", "LoaderFirmwareType"):
             efivars.firmware_set(root, name, None)
+        # GRUB 2.06 (Debian 12) sets none. Debian 13's /etc/grub.d/25_bli puts `insmod bli` into
+        # grub.cfg on EFI, and GRUB 2.12's bli module sets LoaderInfo to its PACKAGE_STRING as it
+        # loads (grub-core/commands/bli.c, GRUB_MOD_INIT): a Boot Loader Interface loader
+        # without LoaderEntryOneShot.
+        grub_cfg = base / ("grub/grub.cfg" if esps else "boot/grub/grub.cfg")
+        if grub_cfg.is_file() and "insmod bli" in grub_cfg.read_text(errors="replace"):
+            efivars.firmware_set(root, "LoaderInfo", GRUB_BLI_INFO)
     path, writable = grubenv_path(root, cfg)
     if not cfg.get("grub_on_esp"):
         writable = not profile.boot.boot_on_lvm
@@ -261,8 +273,6 @@ def _grub(
     if writable:  # 00_header: set next_entry= ; save_env next_entry
         env["next_entry"] = ""
         grubenv.write(path, env)
-    esps = cfg.get("grub_on_esp") or []
-    base = Path(root) / ESP_DIR / esps[0] if esps else Path(root)  # GRUB's root device
     own = _menu_entry(base, cfg.get("menu") or {}, target)
     if own is not None:
         return own["version"], own

@@ -232,3 +232,21 @@ def test_lvm_next_entry_sticks_and_a_failing_trial_kernel_loops(tmp_path: Path) 
         ht.boot_root(root, prof)
     attempts = json.loads(read(root, "var/lib/gpuhost-twin/hw.json"))["boot_attempts"]
     assert {a["kernel"] for a in attempts} == {BAD}
+
+
+@pytest.mark.parametrize(("grub_cfg", "loader_info"), [("", None), ("insmod bli\n", b"GRUB 2.12")])
+def test_grub_on_efi_sets_loader_info_only_with_the_bli_module(
+    tmp_path: Path, grub_cfg: str, loader_info: bytes | None
+) -> None:
+    """Debian 13's grub.cfg loads bli on EFI (/etc/grub.d/25_bli) and GRUB 2.12 then sets
+    LoaderInfo; Debian 12's GRUB 2.06 sets no Boot Loader Interface variable."""
+    boot_ = Boot(firmware="uefi", loader="grub", default_grub=GRUB_TEXT)
+    prof = load_profile("kpro6").model_copy(update={"boot": boot_})
+    root = ht.make_root(tmp_path, prof)
+    pve.install(root, prof)
+    cfg = root / "boot/grub/grub.cfg"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(f'if [ "$grub_platform" = "efi" ]; then\n  {grub_cfg}fi\n')
+    ht.boot_root(root, prof)
+    value = var(root, "LoaderInfo")
+    assert (value[4:].decode("utf-16-le").rstrip("\0").encode() if value else None) == loader_info

@@ -236,6 +236,11 @@ def test_systemd_boot_refused_when_this_boot_did_not_use_it() -> None:
     trial = plan_trial_boot(OLD, NEW, path, tool)
     assert trial.method == "systemd-boot" and not trial.can_apply
     assert "LoaderInfo" in (trial.refusal or "") and trial.oneshot == ()
+    # GRUB 2.12 (Debian 13) is a Boot Loader Interface loader too, without a one-shot
+    grub_started = replace(path, efivars={"LoaderInfo": "GRUB 2.12"})
+    assert not grub_started.systemd_boot_started
+    trial = plan_trial_boot(OLD, NEW, grub_started, tool)
+    assert not trial.can_apply and "'GRUB 2.12'" in (trial.refusal or "")
 
 
 def test_systemd_boot_refused_without_bootctl() -> None:
