@@ -111,6 +111,9 @@ ADDED_LATER = (
 )
 
 
+LEGACY_OFF = ("0", "false", "no")  # systemd's boolean "off" spellings for the hierarchy switch
+
+
 @dataclass
 class HostFacts:
     pci: dict[str, PciDevice]
@@ -144,6 +147,18 @@ class HostFacts:
     @property
     def files(self) -> dict[str, str] | None:
         return None if self.managed is None else self.managed.files
+
+    @property
+    def cgroup_v1_devices(self) -> bool:
+        """Whether a container's `lxc.cgroup.devices.*` (v1) keys take effect here: only on the
+        hybrid layout, which Proxmox VE 7-8 boot with systemd.unified_cgroup_hierarchy=0 and
+        PVE 9 (pve-container 6) no longer has (pve-manager PVE/CLI/pve8to9.pm). On pure cgroup2
+        LXC skips them all ("Ignoring legacy cgroup limits on pure cgroup2 system", lxc
+        src/lxc/cgroups/cgfsng.c, cgfsng_setup_limits_legacy)."""
+        release = (self.pve_container.version or "") if self.pve_container else ""
+        if release.split(".")[0].isdigit() and int(release.split(".")[0]) >= 6:
+            return False
+        return any(f"systemd.unified_cgroup_hierarchy={v}" in self.cmdline for v in LEGACY_OFF)
 
 
 def fact_command(key: str) -> str:

@@ -12,6 +12,8 @@ simulation's own reader, twin/pve/lxc_devices.py), resolved at start against the
   owner and mode, bind it onto the guest's /dev/x.
 - `lxc.cgroup2.devices.allow|deny` and `lxc.mount.entry` lines: passed to LXC (cgroup2 keys become
   cgroup v1 `lxc.cgroup.devices.*` on a v1 machine), with mount sources taken from the twin's root.
+  `lxc.cgroup.devices.*` (v1) keys only where the simulated host runs the hybrid layout
+  (`legacy_cgroup_devices`); on a pure cgroup2 host LXC ignores them.
 The kernel's device controller enforces the rules, so a stale major in the conf really leaves the
 guest unable to open the node (EPERM); an allowed node without a driver gives ENXIO.
 The twin's /proc/driver and /sys/module are bound into every guest read-only (KERNEL_VIEWS), as
@@ -98,7 +100,10 @@ def device_lines(twin: node.Twin, ctid: int, conf: lxc_devices.LxcConfig) -> lis
         os.chown(copy, rule.uid, rule.gid)
         copy.chmod(rule.mode)
         lines.append(f"lxc.mount.entry = {copy} {rule.container_path} none bind,create=file 0 0")
+    legacy = legacy_cgroup_devices(twin.root)
     for key, value in conf.raw:
+        if re.fullmatch(r"lxc\.cgroup\.devices\.(allow|deny)", key) and not legacy:
+            continue  # LXC ignores cgroup v1 limits on a pure cgroup2 host (see below)
         if re.fullmatch(r"lxc\.cgroup2?\.devices\.(allow|deny)", key):
             lines.append(f"{_devices_key(key)} = {value}")
         elif key == "lxc.mount.entry":
@@ -107,6 +112,27 @@ def device_lines(twin: node.Twin, ctid: int, conf: lxc_devices.LxcConfig) -> lis
                 src = str(twin.root / src.lstrip("/"))
             lines.append(f"lxc.mount.entry = {' '.join([src, *rest])}")
     return lines
+
+
+def legacy_cgroup_devices(root: Path) -> bool:
+    """Whether the simulated host has cgroup v1's devices controller, so that a CT's
+    `lxc.cgroup.devices.*` keys take effect. Proxmox VE 7 and later boot pure cgroup2 (systemd's
+    default) unless the command line has systemd.unified_cgroup_hierarchy=0; PVE 9 removed the
+    hybrid layout (pve-manager PVE/CLI/pve8to9.pm, check_containers_cgroup_compat). On pure
+    cgroup2, LXC skips every lxc.cgroup.* key with "Ignoring legacy cgroup limits on pure
+    cgroup2 system" (lxc src/lxc/cgroups/cgfsng.c, cgfsng_setup_limits_legacy)."""
+    if pve_config.pve_release(root) >= 9:
+        return False
+    cmdline = root / "proc/cmdline"
+    words = cmdline.read_text().split() if cmdline.exists() else []
+    return any(
+        w in words
+        for w in (
+            "systemd.unified_cgroup_hierarchy=0",
+            "systemd.unified_cgroup_hierarchy=false",
+            "systemd.unified_cgroup_hierarchy=no",
+        )
+    )
 
 
 def kernel_view_lines(twin: node.Twin) -> list[str]:

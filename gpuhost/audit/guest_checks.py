@@ -95,12 +95,26 @@ def ct_device_rules(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
     config = _config(ctx, "lxc", guest.ctid)
     conf = f"/etc/pve/lxc/{guest.ctid}.conf"
     raw = config.current.raw
-    rules = [v.strip() for k, v in raw if _ALLOW.fullmatch(k)]
+    v1_live = ctx.host.facts.cgroup_v1_devices
+    findings = [
+        Finding(
+            f"{conf}: {k} {v.strip()}",
+            "lxc.cgroup2.devices.allow (or devN entries)",
+            "a cgroup v1 rule, which LXC ignores on this pure cgroup2 host",
+            f"remove it; {REDEPLOY} (devN entries), then restart {guest.name}",
+        )
+        for k, v in raw
+        if k == "lxc.cgroup.devices.allow" and not v1_live
+    ]
+    rules = [
+        v.strip()
+        for k, v in raw
+        if _ALLOW.fullmatch(k) and (v1_live or k != "lxc.cgroup.devices.allow")
+    ]
     mounts = [v.split()[0] for k, v in raw if k == "lxc.mount.entry" and v.split()]
     devs = _dev_entries(config)
     live = set(ctx.host.facts.char_devices.values())
     nvidia = ctx.live_major("/dev/nvidia0")
-    findings = []
     gpu_nodes = {
         n for n in planned if expected_minor(n) is not None and n[len("/dev/nvidia") :].isdigit()
     }

@@ -367,6 +367,20 @@ def test_blanket_device_rule(kpro6):
     assert failed == {"ct.device_rules/ct200": ["a blanket rule: every device of the host"]}
 
 
+def test_cgroup_v1_rule_on_a_cgroup2_host(kpro6):
+    """A rule from an old guide (`lxc.cgroup.devices.allow`) grants nothing on kpro6's pure
+    cgroup2 layout (LXC ignores v1 limits there); the audit says so instead of counting it."""
+    conf = "/etc/pve/lxc/200.conf"
+    failed = _planted(
+        kpro6,
+        _sh(f"echo 'lxc.cgroup.devices.allow: c 195:* rwm' >> {conf}"),
+        _sh(f"sed -i '/^lxc.cgroup.devices.allow: c 195/d' {conf}"),
+    )
+    assert failed == {
+        "ct.device_rules/ct200": ["a cgroup v1 rule, which LXC ignores on this pure cgroup2 host"]
+    }
+
+
 def test_next_boot_kernel_without_modules(kpro6):
     from twin.hardware import add_kernel
     from twin.profile import Kernel
