@@ -40,6 +40,9 @@ def test_a_pve8_host_upgraded_to_pve9_is_redeployed_from_what_the_audit_names(
     assert host.file(f"/boot/vmlinuz-{KERNEL}").exists
     assert host.file("/etc/modprobe.d/gpuhost-nvidia.conf").exists
     assert not host.exists("gcc-12")
+    modules_now = set(twin.run("find /lib/modules -name 'nvidia*.ko'")[1].split())
+    assert modules_now == {f"/lib/modules/{OLD_KERNEL}/updates/dkms/{m}.ko"
+                           for m in ("nvidia", "nvidia-uvm")}  # fmt: skip
     assert "VERSION_CODENAME=bookworm" in twin.run("pct exec 200 -- cat /etc/os-release")[1]
 
     # The PVE 8 spec: every check reports the plan's refusal, naming the fields and the fix.
@@ -51,7 +54,15 @@ def test_a_pve8_host_upgraded_to_pve9_is_redeployed_from_what_the_audit_names(
 
     inv9 = inventory(tmp_path / "kpro6-pve9.py", twin, PVE9_SPEC)
     gaps = audit(twin, inv9, "fix")
-    assert set(gaps) == {"boot.kernel", "driver.release"}, json.dumps(gaps, indent=1)
+    redeploy = "re-run the deploy (pyinfra INVENTORY deploys/gpu_host.py)"
+    assert gaps == {
+        "boot.kernel": [f"{redeploy}: it installs {KERNEL} and boots it through a trial boot"],
+        "driver.release": [
+            f"{redeploy}: it trial-boots {KERNEL} and pins it",
+            f"build the NVIDIA {VERSION} modules for {KERNEL} with gcc-14 (driver.source, or the "
+            f"driver's installer), then {redeploy}",
+        ],
+    }, json.dumps(gaps, indent=1)
 
     # The NVIDIA modules for the new kernel, built by gcc-14 (stands for the driver install)
     trixie_modules.install(twin.root, KERNEL, version=VERSION)
@@ -59,8 +70,10 @@ def test_a_pve8_host_upgraded_to_pve9_is_redeployed_from_what_the_audit_names(
     first = deploy(inv9, env=token)
     assert first.rc == 0, first.output[-3000:]
     assert first.reboots == 1, first.output[-3000:]  # the trial boot of 6.14.8-2-pve
+    assert "upgraded host: Proxmox VE 9.0.10 on Debian 13 (trixie)" in first.output
+    twin.reconnect()  # the trial boot dropped testinfra's session
     assert twin.run("uname -r")[1].strip() == KERNEL
-    assert host.file("/proc/driver/nvidia/version").contains("gcc version 14.2.0")
+    assert twin.host.file("/proc/driver/nvidia/version").contains("gcc version 14.2.0")
     failed = audit(twin, inv9)
     assert failed == {}, json.dumps(failed, indent=1)
     second = deploy(inv9, env=token)
