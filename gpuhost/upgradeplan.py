@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuhost.hostfacts import HostFacts
+from gpuhost.reasons import _version_key  # proxmox-boot-tool's order
 from gpuhost.spec import HostSpec
 from gpuhost.toolchain import ToolchainError, choose_module_compiler, parse_compiler
 
@@ -42,11 +43,6 @@ class ReleaseChange:
     @property
     def newest(self) -> str | None:
         return max(self.current, key=_version_key) if self.current else None
-
-
-def _version_key(release: str) -> tuple:
-    parts = release.replace("-", ".").split(".")
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in parts)
 
 
 def _version(text: str) -> str | None:
