@@ -53,6 +53,7 @@ from facts.proxmox import (
     GuestStatuses,
     PveGuestConfigs,
 )
+from facts.release import HostRelease, HostReleaseFact
 from facts.snapshot import MISSING_TOOL, Combined
 from facts.zfs import InstalledKernelFeatures, KernelFeatureFiles, ZfsUsage, ZfsUse
 from gpuhost.hostkeys import unknown_host_key
@@ -88,6 +89,7 @@ FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
     "PanicSettings": (PanicSettings, {}),
     "ZfsUsage": (ZfsUsage, {}),
     "KernelFeatureFiles": (KernelFeatureFiles, {}),
+    "HostRelease": (HostReleaseFact, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
 # fact's default (no SEV flags, no IOMMU units or group types, a boot path not known, no kernel
@@ -105,7 +107,15 @@ NOT_CAPTURED = frozenset(
 )
 ADDED_LATER = (
     frozenset(
-        {"SevSnp", "IommuDomains", "BootPath", "KernelCompilers", "ZfsUsage", "KernelFeatureFiles"}
+        {
+            "SevSnp",
+            "IommuDomains",
+            "BootPath",
+            "KernelCompilers",
+            "ZfsUsage",
+            "KernelFeatureFiles",
+            "HostRelease",
+        }
     )
     | NOT_CAPTURED
 )
@@ -143,6 +153,7 @@ class HostFacts:
     panic: dict[str, str] | None = None  # /proc/sys/kernel panic settings; None: not captured
     zfs: ZfsUse = field(default_factory=ZfsUse)
     kernel_features: InstalledKernelFeatures = field(default_factory=InstalledKernelFeatures)
+    release: HostRelease = field(default_factory=HostRelease)  # unknown: not captured
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -233,6 +244,7 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         panic=value["PanicSettings"],
         zfs=value["ZfsUsage"],
         kernel_features=value["KernelFeatureFiles"],
+        release=value["HostRelease"],
     )
 
 

@@ -50,6 +50,7 @@ from gpuhost.trialgrub import grub_trial_options
 from gpuhost.trialparams import panic_sysctls, trial_cmdline_names
 from gpuhost.trialplan import plan_trial
 from gpuhost.trialstate import Step
+from gpuhost.upgradeplan import ReleaseChange, plan_release_change
 from gpuhost.userspaceplan import (
     PERSISTENCED_UNIT,
     PERSISTENCED_WANTS,
@@ -174,6 +175,8 @@ class Plan:
     vfio: VfioBinding | None = None  # the VMs' functions bound to vfio-pci at boot (vfioplan.py)
     # What the run needs from the control machine, checked before its first change.
     preconditions: list[Precondition] = field(default_factory=list)
+    # A host upgraded to a new Proxmox VE release: its kernels on each side (upgradeplan.py).
+    release_change: ReleaseChange | None = None
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -257,6 +260,7 @@ def make_plan(
             f"toolchain.gcc is {spec.toolchain.gcc}; modules built by another compiler must not be "
             "loaded into it (rebuild the kernel with the toolchain, or set toolchain.gcc)"
         )
+    release_change = plan_release_change(spec, facts, problems, notes)
     loader = facts.boot_tool.loader if facts.boot_tool else "grub"
     # Every boot path gpuhost trials (systemd-boot, GRUB) tries every boot gpuhost causes through
     # a trial entry of its own, planned once the reasons to boot are known (below); elsewhere a
@@ -498,4 +502,5 @@ def make_plan(
         containers=containers,
         vfio=vfio,
         preconditions=preconditions,
+        release_change=release_change,
     )

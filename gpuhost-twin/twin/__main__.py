@@ -4,6 +4,7 @@ python -m twin start -n 2 --profile kpro6     twin1, twin2 on 127.0.0.2, 127.0.0
 python -m twin list
 python -m twin shell twin1                    an interactive root shell over SSH
 python -m twin ssh-config                     how to point ssh/pyinfra/testinfra at them
+python -m twin upgrade twin1 --to kpro6-pve9   PVE 8 -> 9 in place, then reboot
 python -m twin stop --all                     (or: stop twin1) no mounts or processes remain
 """
 
@@ -37,9 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     p_shell.add_argument("--ct", type=int, help="a guest's CT id instead of the twin itself")
     p_shell.add_argument("command", nargs=argparse.REMAINDER)
     sub.add_parser("ssh-config", help="print the SSH settings for the twins")
+    p_up = sub.add_parser(
+        "upgrade", help="upgrade a PVE 8 twin in place to PVE 9 (twin/upgrade.py)"
+    )
+    p_up.add_argument("name")
+    p_up.add_argument("--to", required=True, help="the PVE 9 profile of the same machine")
     args = parser.parse_args(argv)
 
-    if os.geteuid() != 0 and args.cmd in ("start", "stop", "shell"):
+    if os.geteuid() != 0 and args.cmd in ("start", "stop", "shell", "upgrade"):
         parser.error("twins need root (mounts, chroot sshd, LXC)")
     try:
         return _run(parser, args)
@@ -68,6 +74,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error("name twins to stop, or --all")
         for name in args.names:
             print(f"stopped {name}" if node.stop(name) else f"{name}: no such twin")
+    elif args.cmd == "upgrade":
+        from twin.upgrade import upgrade
+
+        twin = upgrade(args.name, args.to)
+        print(f"{twin.name}\t{twin.address}\t{twin.profile}\tupgraded")
     elif args.cmd == "list":
         twins = node.list_twins()
         if not twins:

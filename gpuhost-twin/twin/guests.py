@@ -154,7 +154,11 @@ def _prepare_rootfs(twin: node.Twin, ctid: int, hostname: str) -> Path:
         (gdir / sub).mkdir(mode=0o755, parents=True, exist_ok=True)
     groot = gdir / "root"
     if not mounts.mounts_below(groot):
-        mounts.mount_overlay(Path(twin.base), gdir / "upper", gdir / "work", groot)
+        # A guest keeps the base it was made on: a host upgrade (twin/upgrade.py) leaves the
+        # containers' own Debian as it was.
+        kept = gdir / "base"
+        base = kept.read_text().strip() if kept.is_file() else twin.base
+        mounts.mount_overlay(Path(base), gdir / "upper", gdir / "work", groot)
     key = groot / "etc/ssh/ssh_host_ed25519_key"
     if not key.exists():
         subprocess.run(

@@ -198,6 +198,39 @@ def driver_next_boot(ctx: AuditContext) -> list[Finding]:
     return findings
 
 
+@check("driver.release", "An upgraded host runs its new release's kernel, with nvidia modules")
+def driver_release(ctx: AuditContext) -> list[Finding]:
+    change = ctx.plan.release_change
+    if change is None:
+        raise NotApplicable("no kernels of an earlier Proxmox VE release on this host")
+    want, running = ctx.spec.kernel.version, ctx.plan.running_kernel
+    findings = []
+    if running in change.previous:
+        findings.append(
+            Finding(
+                "uname -r",
+                f"{want} (kernel.version), a kernel of {change.release}",
+                f"{running}, built by gcc {change.previous[running]} before the upgrade",
+                f"{REDEPLOY}: it trial-boots {want} and pins it",
+            )
+        )
+    gcc = change.current.get(want)
+    modules = ctx.host.modules.get(want, {})
+    missing = [m for m in ("nvidia", "nvidia_uvm") if m not in modules]
+    if gcc and missing:
+        findings.append(
+            Finding(
+                f"{', '.join(missing)} for {want}",
+                f"NVIDIA {ctx.spec.driver.version} modules built by gcc {gcc}",
+                "none: the modules of the previous kernels do not load into it",
+                f"build the NVIDIA {ctx.spec.driver.version} modules for {want} with gcc-"
+                f"{gcc.split('.')[0]} (driver.source, or the driver's installer), then "
+                f"{REDEPLOY}",
+            )
+        )
+    return findings
+
+
 @check("driver.fabricmanager", "nvidia-fabricmanager at the driver's version, running")
 def driver_fabricmanager(ctx: AuditContext) -> list[Finding]:
     switches = nvswitches(ctx.host.facts.pci)

@@ -137,7 +137,7 @@ def _layout_pve(root: Path, node: str) -> None:
 # simulation follows (pve-api.md); PVE 9 is a 9.0 host of September 2025, each version the
 # debian/changelog entry of its own repository (pve-container 6.0.11 of 2025-09-10, qemu-server
 # 9.0.21 of 2025-09-10, pve-manager 9.0.10 of 2025-09-12).
-PACKAGES = {"pve-container": "5.3.5"}
+PACKAGES = {"pve-container": "5.3.5", "pve-manager": "8.4.1"}
 RELEASE_PACKAGES = {
     8: PACKAGES,
     9: {"pve-container": "6.0.11", "qemu-server": "9.0.21", "pve-manager": "9.0.10"},
