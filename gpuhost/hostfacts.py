@@ -166,8 +166,10 @@ class HostFacts:
         PVE 9 (pve-container 6) no longer has (pve-manager PVE/CLI/pve8to9.pm). On pure cgroup2
         LXC skips them all ("Ignoring legacy cgroup limits on pure cgroup2 system", lxc
         src/lxc/cgroups/cgfsng.c, cgfsng_setup_limits_legacy)."""
-        release = (self.pve_container.version or "") if self.pve_container else ""
-        if release.split(".")[0].isdigit() and int(release.split(".")[0]) >= 6:
+        container = (self.pve_container.version or "") if self.pve_container else ""
+        if (self.release.pve_major or 0) >= 9 or (
+            container.split(".")[0].isdigit() and int(container.split(".")[0]) >= 6
+        ):
             return False
         return any(f"systemd.unified_cgroup_hierarchy={v}" in self.cmdline for v in LEGACY_OFF)
 
