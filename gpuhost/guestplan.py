@@ -24,6 +24,7 @@ from facts.guestsoft import (
     normalise,
 )
 from gpuhost import guestfiles
+from gpuhost.cudarepos import repo_problems
 from gpuhost.grammar import CUDA_MIN_DRIVER
 from gpuhost.indexconf import IndexConfig
 from gpuhost.plan import ManagedFile
@@ -270,6 +271,14 @@ def make_guest_plan(
                 "key; give NVIDIA's <keyid>.pub, or `gpg --armor --export` of the key"
             )
         if guest.cuda_repo is not None:
+            problems += repo_problems(
+                facts.os,
+                facts.apt_verifier,
+                guest.cuda_repo.url,
+                str(guest.cuda_repo.keyring),
+                key if key and "-----BEGIN PGP PUBLIC KEY BLOCK-----" in key else None,
+                list(guest.cuda),
+            )
             put(KEYRING, key)
             put(SOURCES, guestfiles.sources(guest.cuda_repo.url, KEYRING))
     jobs, rule = max_jobs(

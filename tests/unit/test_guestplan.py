@@ -29,11 +29,13 @@ from gpuhost.guestplan import (
     max_jobs,
     planned_paths,
 )
+from gpuhost.cudarepos import GuestOs
 from gpuhost.guestrender import render_guest_plan
 from gpuhost.indexconf import IndexConfig, control_indexes
 from gpuhost.spec_guests import LxcGuest
 
 GIB = 1 << 30
+DEBIAN12 = GuestOs("debian", "12", "Debian GNU/Linux 12 (bookworm)")
 KEY = "-----BEGIN PGP PUBLIC KEY BLOCK-----\nmDMEZ...\n-----END PGP PUBLIC KEY BLOCK-----\n"
 CONTROL = Control(
     "x86_64", "/venv/bin/uv", "a" * 64, KEY, None, IndexConfig("https://idx.test/simple")
@@ -73,6 +75,7 @@ def facts(driver: str | None = "595.71.05", **kw: object) -> GuestFacts:
         uv_sha256=None,
         venvs={},
         services={},
+        os=DEBIAN12,
     )
     return replace(base, **kw)
 
