@@ -413,6 +413,11 @@ def make_guest_plan(
     if problems:
         raise GuestPlanError(name, problems)
     notes = [f"package index left out: {s}" for s in indexes.skipped]
+    if toolkits and facts.os is not None:
+        notes.append(
+            f"{facts.os.pretty}: NVIDIA's {facts.os.repo} repository, apt verifies with "
+            f"{facts.apt_verifier}"
+        )
     hidden = sorted(k for k in full_env if is_secret_name(k))
     if hidden:
         notes.append(f"secret-named, in the venvs' root-only env files only: {', '.join(hidden)}")

@@ -76,6 +76,9 @@ def test_ubuntu_2404_gets_its_repository_both_toolkits_and_a_deb822_source() -> 
     g = guest(cuda_repo={"url": url, "keyring": "/k.pub"}, venvs=[])
     plan = make_guest_plan("ct200", g, {}, facts(os=UBUNTU), CONTROL)
     assert [t.version for t in plan.toolkits] == ["12.8", "13.0"]
+    assert plan.notes == [
+        "Ubuntu 24.04.1 LTS: NVIDIA's ubuntu2404 repository, apt verifies with gpgv"
+    ]
     assert plan.files[SOURCES].content == sources(url, "/etc/apt/keyrings/gpuhost-cuda.asc")
     assert (
         "Types: deb\nURIs: " + url + "\nSuites: /\nSigned-By: /etc/apt/keyrings/gpuhost-cuda.asc\n"

@@ -18,6 +18,7 @@ from facts.guestsoft import (
     parse_guest,
 )
 from facts.nvidia import DriverVersion
+from gpuhost.cudarepos import GuestOs
 from gpuhost.guestplan import (
     KEYRING,
     PROFILE,
@@ -29,7 +30,6 @@ from gpuhost.guestplan import (
     max_jobs,
     planned_paths,
 )
-from gpuhost.cudarepos import GuestOs
 from gpuhost.guestrender import render_guest_plan
 from gpuhost.indexconf import IndexConfig, control_indexes
 from gpuhost.spec_guests import LxcGuest
