@@ -1,5 +1,6 @@
 """Proxmox VE 9: the main deploy converges on kpro6 as it is after the upgrade, and the audit of
-it with its guests passes.
+it with its guests passes; GPUs move between its container and VM and back, and the guest
+deploy gives the Debian 13 container CUDA and a venv, each converging the way it does on PVE 8.
 
 The twin (profile kpro6-pve9) stands on the Debian 13 base: trixie's userland, kmod,
 initramfs-tools and GRUB tools, pve-container 6, the PVE 9.0 kernel 6.14.8-2-pve built by
@@ -29,7 +30,7 @@ from tests.e2e.test_gpu_moves import (
     spec,
     vm_mappings,
 )
-from tests.e2e.test_guest_software import PIN, VENV, Site, changed, quote
+from tests.e2e.test_guest_software import PIN, VENV, Site, changed, quote, software_audit
 from tests.e2e.test_guest_software import run as run_guest
 from tests.e2e.test_vfio_binding import drivers
 from twin import cudarepo, node, userspace
@@ -191,12 +192,15 @@ def test_gpu_moves_and_the_guest_deploy_converge_on_pve9(
         assert host_again.rc == 0 and not host_again.changed, host_again.output[-3000:]
         failed = audit(twin, inv)
         assert failed == {}, json.dumps(failed, indent=1)
+        sw.write(spec)
+        assert software_audit(sw) == {}  # the guest software checks ran, and passed
 
 
 def trixie_guest(twin: TwinHandle, key: Path, url: str, cuda: list[str]) -> dict:
     """kpro6-pve9's spec (VM 129 with two boards) whose CT 200 gets CUDA ``cuda`` and a venv."""
     spec = pve9_spec(["0000:c1:00.0", "0000:e1:00.0"])
     (ct,) = [g for g in spec["guests"] if g["kind"] == "lxc"]
+    web = f"--bind={twin.twin.guest_address(200)}"  # the venv's python serves on the guest
     ct.update(
         access={"ssh_hostname": twin.twin.guest_address(200)},
         cuda=cuda,
@@ -209,6 +213,7 @@ def trixie_guest(twin: TwinHandle, key: Path, url: str, cuda: list[str]) -> dict
                 "cuda": "13.0",
                 "packages": ["pytest==8.3.3"],
                 "constraints": [PIN],
+                "service": {"name": "web", "command": ["python", "-m", "http.server", web]},
             }
         ],
     )
