@@ -17,9 +17,11 @@ from dataclasses import dataclass
 # CUDA toolkits (of those gpuhost knows, grammar.CUDA_MIN_DRIVER) that NVIDIA publishes in each
 # network repository, .../compute/cuda/repos/<name>/x86_64/. NVIDIA adds a distribution from the
 # toolkit release that supports it on and does not backport older toolkits to it: debian13
-# opened late in 2025 with the 13.x toolkits (NVIDIA/cuda-repo-management#32, 2025-12-09;
-# #40: only the new driver branches there), so CUDA 12.x is not in it; debian12 has the
-# toolkits from 12.3 on (NVIDIA/nvidia-docker#1791), ubuntu2204 and ubuntu2404 all of these.
+# opened late in 2025 with the 13.x toolkits and a new key (NVIDIA/cuda-repo-management#32,
+# 2025-12-09; #39, #40: only the new key and the new driver branches there; CUDA 13.0 was offered
+# for Debian 13 on NVIDIA's download page until 13.3, guoqingbao/xinfer#366), so CUDA 12.x is not
+# in it; debian12 has the toolkits from 12.3 on (NVIDIA/nvidia-docker#1791), ubuntu2204 and
+# ubuntu2404 all of these.
 PUBLISHED = {
     "debian12": ("12.8", "12.9", "13.0", "13.1"),
     "debian13": ("13.0", "13.1"),

@@ -135,13 +135,15 @@ def test_gpu_moves_and_the_guest_deploy_converge_on_pve9(
     assert again.rc == 0 and not again.changed, again.output[-3000:]
 
     # The guest deploy in the Debian 13 container: NVIDIA's debian13 repository (a stand-in
-    # laid out where NVIDIA's is), its two CUDA 13 toolkits side by side, a venv on Python 3.13.
-    repo = cudarepo.build(tmp_path / "cuda", ["12.8", "13.0", "13.1"])
+    # laid out where NVIDIA's is, carrying what NVIDIA's does: the 13.x toolkits, no 12.x, as
+    # gpuhost/cudarepos.py PUBLISHED cites), its two toolkits side by side, a venv on Python 3.13.
+    repo = cudarepo.build(tmp_path / "cuda", ["13.0", "13.1"])
+    old = cudarepo.build(tmp_path / "old", ["12.8", "13.0"])  # debian12's, for Debian 12 guests
     weak = cudarepo.build(tmp_path / "weak", ["13.0"], cert_digest="SHA1")  # bound as 3bf863cc
     site = tmp_path / "site"
     with cudarepo.serve(site) as base:
         debian13 = base + cudarepo.publish(site, repo, "debian13")
-        debian12 = base + cudarepo.publish(site, repo, "debian12")
+        debian12 = base + cudarepo.publish(site, old, "debian12")
         weak_url = base + "weak/" + cudarepo.publish(site / "weak", weak, "debian13")
         sw = Site(twin, tmp_path / "guest.py", {}, repo, debian13)
         refused(
@@ -151,7 +153,7 @@ def test_gpu_moves_and_the_guest_deploy_converge_on_pve9(
         )
         refused(
             sw,
-            trixie_guest(twin, repo.key, debian12, ["13.0"]),
+            trixie_guest(twin, old.key, debian12, ["13.0"]),
             f"cuda_repo.url {debian12} is NVIDIA's debian12 repository, but the guest runs "
             "Debian GNU/Linux 13 (trixie)",
         )
@@ -224,7 +226,9 @@ def refused(sw: Site, spec: dict, *messages: str) -> None:
     """The guest deploy is refused at plan time with ``messages``; the guest keeps no source."""
     sw.write(spec)
     result = run_guest(sw)
-    assert result.rc != 0 and "the guest software plan is refused" in result.output
+    assert result.rc != 0 and "the guest software plan is refused" in result.output, result.output[
+        -3000:
+    ]
     for message in messages:
         assert message in result.output, result.output[-3000:]
     _rc, out, _ = sw.guest("ls /etc/apt/sources.list.d; dpkg-query -W 'cuda-*' 2>&1")
