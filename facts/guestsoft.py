@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from facts._parse import UnparsedOutput
 from facts.files import ManagedFiles, parse_managed_files
 from facts.nvidia import DriverVersion, parse_driver_version
+from gpuhost.cudarepos import GPGV, SQV, SQV_POLICY, GuestOs, parse_os_release
 
 UV_PATH = "/usr/local/bin/uv"
 STAMP = ".gpuhost-stamp"  # in a venv: the install it holds (guestplan.venv_stamp)
@@ -63,6 +64,8 @@ class GuestFacts:
     venvs: dict[str, VenvState]
     services: dict[str, ServiceState]
     cuda_versions: dict[str, str] = field(default_factory=dict)  # prefix -> version.json's cuda
+    os: GuestOs | None = None  # /etc/os-release
+    apt_verifier: str = GPGV  # how its apt checks signatures (gpuhost.cudarepos SQV...)
 
 
 def normalise(name: str) -> str:
@@ -99,6 +102,15 @@ CUDA_VERSIONS = (
     'for d in /usr/local/cuda-*; do if [ -f "$d/version.json" ]; then '
     'python3 -c \'import json, sys; print(sys.argv[1], json.load(open(sys.argv[1] + "/version.json"))'
     '["cuda"]["version"])\' "$d" 2>/dev/null; fi; done; true'
+)
+OS_RELEASE = "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
+# apt's OpenPGP verifier: the sqv method from apt 2.9.19 (Debian 13), a policy of the operator's
+# in the files apt reads before Debian's default (apt's NEWS.Debian, 2.9.19), else gpgv.
+APT_VERIFIER = (
+    f"if [ -x /usr/lib/apt/methods/sqv ]; then "
+    'if [ -n "$APT_SEQUOIA_CRYPTO_POLICY" ] || [ -e /etc/crypto-policies/back-ends/apt-sequoia.config ] '
+    "|| [ -e /var/lib/crypto-config/profiles/current/apt-sequoia.config ]; "
+    f"then echo {SQV_POLICY}; else echo {SQV}; fi; else echo {GPGV}; fi"
 )
 _LIST_DISTS = (
     "import importlib.metadata as m\n"
@@ -155,6 +167,8 @@ def commands(
         ("alternatives", ALTERNATIVES, None),
         ("uv", UV, None),
         ("cuda_versions", CUDA_VERSIONS, None),
+        ("os", OS_RELEASE, None),
+        ("apt_verifier", APT_VERIFIER, None),
     ]
     imports = imports or {}
     out += [(f"venv:{p}", venv_command(p, imports.get(p, ())), None) for p in venvs]
@@ -269,4 +283,13 @@ def parse_guest(raw: dict[str, tuple[int, list[str]]]) -> GuestFacts:
         cuda_versions=dict(
             line.split(" ", 1) for line in lines("cuda_versions") if line.count(" ") == 1
         ),
+        os=parse_os_release(lines("os")),
+        apt_verifier=parse_verifier(lines("apt_verifier")),
     )
+
+
+def parse_verifier(lines: list[str]) -> str:
+    found = lines[0].strip() if lines else GPGV
+    if found not in (SQV, SQV_POLICY, GPGV):
+        raise UnparsedOutput("apt verifier", found, f"one of {SQV}, {SQV_POLICY}, {GPGV}")
+    return found

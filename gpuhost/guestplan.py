@@ -24,6 +24,7 @@ from facts.guestsoft import (
     normalise,
 )
 from gpuhost import guestfiles
+from gpuhost.cudarepos import repo_problems
 from gpuhost.grammar import CUDA_MIN_DRIVER
 from gpuhost.indexconf import IndexConfig
 from gpuhost.plan import ManagedFile
@@ -270,6 +271,14 @@ def make_guest_plan(
                 "key; give NVIDIA's <keyid>.pub, or `gpg --armor --export` of the key"
             )
         if guest.cuda_repo is not None:
+            problems += repo_problems(
+                facts.os,
+                facts.apt_verifier,
+                guest.cuda_repo.url,
+                str(guest.cuda_repo.keyring),
+                key if key and "-----BEGIN PGP PUBLIC KEY BLOCK-----" in key else None,
+                list(guest.cuda),
+            )
             put(KEYRING, key)
             put(SOURCES, guestfiles.sources(guest.cuda_repo.url, KEYRING))
     jobs, rule = max_jobs(
@@ -404,6 +413,11 @@ def make_guest_plan(
     if problems:
         raise GuestPlanError(name, problems)
     notes = [f"package index left out: {s}" for s in indexes.skipped]
+    if toolkits and facts.os is not None:
+        notes.append(
+            f"{facts.os.pretty}: NVIDIA's {facts.os.repo} repository, apt verifies with "
+            f"{facts.apt_verifier}"
+        )
     hidden = sorted(k for k in full_env if is_secret_name(k))
     if hidden:
         notes.append(f"secret-named, in the venvs' root-only env files only: {', '.join(hidden)}")

@@ -200,8 +200,13 @@ def _gpg(home: Path, *args: str) -> None:
     )
 
 
-def build(dest: Path, versions: list[str] | tuple[str, ...]) -> Repo:
-    """A signed flat repository of stand-in toolkits ``versions`` in ``dest`` (emptied first)."""
+def build(
+    dest: Path, versions: list[str] | tuple[str, ...], cert_digest: str | None = None
+) -> Repo:
+    """A signed flat repository of stand-in toolkits ``versions`` in ``dest`` (emptied first).
+
+    ``cert_digest`` (e.g. SHA1): the hash of the key's self-signature, gpg's default otherwise;
+    NVIDIA's key 3bf863cc is bound by SHA-1, which Debian 13's apt refuses (sqv policy)."""
     shutil.rmtree(dest, ignore_errors=True)
     root = dest / "repo"
     root.mkdir(parents=True)
@@ -216,7 +221,8 @@ def build(dest: Path, versions: list[str] | tuple[str, ...]) -> Repo:
         (root / "Packages").write_text(packages)
         (root / "Packages.gz").write_bytes(gzip.compress(packages.encode(), mtime=0))
         (root / "Release").write_text(_release(root, ["Packages", "Packages.gz"]))
-        _gpg(home, "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
+        digest = ["--cert-digest-algo", cert_digest] if cert_digest else []
+        _gpg(home, *digest, "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
         _gpg(home, "--armor", "--output", str(dest / "cuda-stand-in.pub"), "--export", KEY_UID)
         _gpg(home, "--clearsign", "--output", str(root / "InRelease"), str(root / "Release"))
         _gpg(
@@ -229,6 +235,17 @@ def build(dest: Path, versions: list[str] | tuple[str, ...]) -> Repo:
         )
         subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True)
     return Repo(root, dest / "cuda-stand-in.pub", tuple(versions))
+
+
+def publish(site: Path, repo: Repo, distro: str) -> str:
+    """Lay ``repo`` out in ``site`` where NVIDIA's is (compute/cuda/repos/<distro>/x86_64/);
+    returns that path, to append to the URL ``serve(site)`` yields."""
+    path = f"compute/cuda/repos/{distro}/x86_64/"
+    link = site / path.rstrip("/")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(repo.root)
+    return path
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

@@ -18,6 +18,7 @@ from facts.guestsoft import (
     parse_guest,
 )
 from facts.nvidia import DriverVersion
+from gpuhost.cudarepos import GuestOs
 from gpuhost.guestplan import (
     KEYRING,
     PROFILE,
@@ -34,6 +35,7 @@ from gpuhost.indexconf import IndexConfig, control_indexes
 from gpuhost.spec_guests import LxcGuest
 
 GIB = 1 << 30
+DEBIAN12 = GuestOs("debian", "12", "Debian GNU/Linux 12 (bookworm)")
 KEY = "-----BEGIN PGP PUBLIC KEY BLOCK-----\nmDMEZ...\n-----END PGP PUBLIC KEY BLOCK-----\n"
 CONTROL = Control(
     "x86_64", "/venv/bin/uv", "a" * 64, KEY, None, IndexConfig("https://idx.test/simple")
@@ -73,6 +75,7 @@ def facts(driver: str | None = "595.71.05", **kw: object) -> GuestFacts:
         uv_sha256=None,
         venvs={},
         services={},
+        os=DEBIAN12,
     )
     return replace(base, **kw)
 
