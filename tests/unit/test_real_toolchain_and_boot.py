@@ -42,7 +42,17 @@ def test_boot_path_of_a_bios_vm_without_proxmox() -> None:
     assert path.bootctl is False  # a bare machine: no systemd-boot package (recaptured 12-03)
 
 
-@pytest.mark.parametrize("key", ["KernelCompilers", "BootPath"])
+def test_release_of_a_machine_without_proxmox() -> None:
+    """HostRelease on the H200 machine (recaptured 2026-12-03 19:08 UTC): Ubuntu 24.04's
+    os-release, no pve-manager, so no Proxmox release to plan an upgrade from."""
+    from facts.release import HostReleaseFact
+
+    release = HostReleaseFact().process(captured("h200x1", "HostRelease"))
+    assert (release.distribution, release.debian, release.codename) == ("ubuntu", "24.04", "noble")
+    assert release.pve_manager is None and release.pve_major is None
+
+
+@pytest.mark.parametrize("key", ["KernelCompilers", "BootPath", "HostRelease"])
 def test_the_capture_ran_cleanly(key: str) -> None:
     rc = Path(__file__).parents[1] / f"fixtures/captures/h200x1/facts/{key}.rc"
     assert rc.read_text().strip() == "0"
