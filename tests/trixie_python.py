@@ -27,10 +27,12 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,6 +54,7 @@ TOOLS = ("git", "dpkg-dev", "gcc")
 # Ours (installed editable from /src), and the installer's own, which the venv does not need.
 UNPINNED = frozenset({"gpuhost", "gpuhost-twin", "pip", "setuptools", "wheel"})
 BUILD_REQUIRES = "setuptools>=68"  # pyproject's build-system, for the editable installs
+STALE_DAYS = 7  # other keys' wheels and layers no run used for this long are removed
 
 # In a fresh mount and PID namespace: $1 a directory for the tmpfs, $2 the overlay's lower
 # directories, $3 its upper one ("": on the tmpfs), $4 the checkout, then binds
@@ -150,6 +153,19 @@ def _key(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
+def _used(target: Path) -> Path:
+    os.utime(target)  # in use: _prune keeps what any checkout on this machine used lately
+    return target
+
+
+def _prune(root: Path, prefix: str) -> None:
+    """Wheels or layers of other keys (pins or pyproject files moved on) unused for a while."""
+    cutoff = time.time() - STALE_DAYS * 86400
+    for old in root.glob(f"{prefix}-*"):
+        if old.stat().st_mtime < cutoff:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def wheels(base: Path, cache: Path | None = None) -> Path:
     """The directory of binary wheels for the base's python (downloaded once per pin set)."""
     version, glibc = interpreter(base)
@@ -157,10 +173,11 @@ def wheels(base: Path, cache: Path | None = None) -> Path:
     text = pins() + f"{BUILD_REQUIRES}\n"
     target = root / f"wheels-{_key(text, version, glibc)}"
     if (target / "pins.txt").exists():
-        return target
+        return _used(target)
     with _locked(root):
         if (target / "pins.txt").exists():
-            return target
+            return _used(target)
+        _prune(root, "wheels")
         tmp = target.with_name(target.name + ".part")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -185,7 +202,7 @@ def wheels(base: Path, cache: Path | None = None) -> Path:
 
 
 LAYER_SCRIPT = f"""set -e
-export DEBIAN_FRONTEND=noninteractive UV_CACHE_DIR=/tmp/uv
+export DEBIAN_FRONTEND=noninteractive UV_CACHE_DIR=/tmp/uv UV_PYTHON_DOWNLOADS=never
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends {" ".join(TOOLS)} >/dev/null
 apt-get clean
@@ -204,10 +221,11 @@ def layer(base: Path, cache: Path | None = None) -> Path:
     parts += [(ROOT / p).read_text() for p in ("pyproject.toml", "gpuhost-twin/pyproject.toml")]
     target = found.parent / f"layer-{_key(*parts)}"
     if (target / "up" / VENV.lstrip("/")).is_dir():
-        return target / "up"
+        return _used(target) / "up"
     with _locked(found.parent):
         if (target / "up" / VENV.lstrip("/")).is_dir():
-            return target / "up"
+            return _used(target) / "up"
+        _prune(found.parent, "layer")
         tmp = target.with_name(target.name + ".part")
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "up").mkdir(parents=True)
@@ -228,7 +246,9 @@ def layer(base: Path, cache: Path | None = None) -> Path:
     return target / "up"
 
 
-def run(base: Path, argv: Sequence[str], binds: Sequence[Bind] = (), timeout: float = 600):
+def run(
+    base: Path, argv: Sequence[str], binds: Sequence[Bind] = (), timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     """argv under python3.13 in the base with the layer (its venv first on PATH)."""
     top = layer(base)
     cache = top.parents[1]
