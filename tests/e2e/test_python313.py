@@ -81,3 +81,5 @@ def test_the_cli_and_guests_as_inventory_under_python313(
     assert f"GPU plan for {twin.name}" in out, out[-6000:]
     assert "--> Results:" in out, out[-6000:]  # the dry deploy's change table
     assert re.search(r"\[ct200\]\s+ct200$", out, re.MULTILINE), out[-3000:]
+    # the namespace took its mounts (overlays, proc, sysfs, binds) with it
+    assert "gpuhost-py313" not in Path("/proc/self/mounts").read_text()
