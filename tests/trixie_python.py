@@ -72,7 +72,8 @@ mkdir -p "$r/src"
 mount -t overlay overlay -o "lowerdir=$src,upperdir=$top/src-up,workdir=$top/src-wk" "$r/src"
 while [ "$1" != -- ]; do
     from=${1%%:*} rest=${1#*:}; to=${rest%:*} mode=${rest##*:}; shift
-    if [ -d "$from" ]; then mkdir -p "$r$to"; else mkdir -p "$(dirname "$r$to")"; : >"$r$to"; fi
+    if [ -d "$from" ]; then mkdir -p "$r$to"
+    elif [ ! -e "$r$to" ]; then mkdir -p "$(dirname "$r$to")"; : >"$r$to"; fi
     mount --bind "$from" "$r$to"
     if [ "$mode" = ro ]; then mount -o remount,bind,ro "$r$to"; fi
 done
