@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.e2e.conftest import inventory
+from tests.e2e.conftest import inventory, manifest
 from tests.e2e.test_guest_inventory import CT200, SPEC, VM129, put
 from tests.trixie_python import Bind, run
 from twin import node
@@ -74,12 +74,16 @@ def test_the_cli_and_guests_as_inventory_under_python313(
         f"pyinfra -y -vvv {guests} --limit ct200 exec -- cat /etc/hostname\n"
     )
     binds = [Bind(tmp_path, str(tmp_path)), Bind(node.STATE_ROOT, str(node.STATE_ROOT))]
+    before = manifest(twin.root)
     done = run(trixie_base, ["sh", "-c", script], binds, timeout=600)
     out = done.stdout
     assert done.returncode == 0, out[-6000:]
     assert out.startswith("Python 3.13."), out[:200]
     assert f"GPU plan for {twin.name}" in out, out[-6000:]
-    assert "--> Results:" in out, out[-6000:]  # the dry deploy's change table
+    assert "--> Detected changes:" in out, out[-6000:]  # the dry deploy's table: what it would do
+    changes = out.split("--> Detected changes:", 1)[1]
+    assert "/etc/modprobe.d/gpuhost-nvidia.conf" in changes, out[-6000:]
+    assert manifest(twin.root) == before  # and did not
     assert re.search(r"\[ct200\]\s+ct200$", out, re.MULTILINE), out[-3000:]
     # the namespace took its mounts (overlays, proc, sysfs, binds) with it
     assert "gpuhost-py313" not in Path("/proc/self/mounts").read_text()
