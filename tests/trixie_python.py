@@ -212,6 +212,7 @@ uv venv -q --python {PYTHON} {VENV}
 uv pip install -q --python {VENV}/bin/python --offline --no-index --find-links {WHEELS} \
     -c {WHEELS}/pins.txt -e '{SRC}[dev]' -e {SRC}/gpuhost-twin
 {VENV}/bin/python -c 'import sys, gpuhost, twin; assert sys.version_info >= (3, 13), sys.version'
+rm -rf /tmp/uv  # the venv holds its own links to the files
 """
 
 
