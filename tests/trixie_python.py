@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -122,13 +123,35 @@ def _locked(cache: Path) -> Iterator[None]:
         yield
 
 
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def pins() -> str:
-    """requirements.txt text: every distribution of the running venv at its version, but ours
-    and the installer's."""
-    found = {
-        d.metadata["Name"].lower().replace("_", "-"): d.version
-        for d in importlib.metadata.distributions()
-    }
+    """requirements.txt text: what gpuhost[dev] and gpuhost-twin need, transitively, at the
+    versions the running venv has; requirements whose markers exclude 3.13 are left out, and so
+    is whatever else a developer's venv holds (a package gpuhost no longer uses)."""
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+
+    env = {**default_environment(), "python_version": "3.13", "python_full_version": "3.13.0"}
+    found: dict[str, str] = {}
+    todo: list[tuple[str, tuple[str, ...]]] = [("gpuhost", ("dev",)), ("gpuhost-twin", ())]
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    while todo:
+        name, extras = todo.pop()
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        dist = importlib.metadata.distribution(name)
+        found[_norm(dist.metadata["Name"])] = dist.version
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is not None and not any(
+                req.marker.evaluate({**env, "extra": e}) for e in ("", *extras)
+            ):
+                continue
+            todo.append((_norm(req.name), tuple(sorted(req.extras))))
     return "".join(f"{n}=={v}\n" for n, v in sorted(found.items()) if n not in UNPINNED)
 
 
