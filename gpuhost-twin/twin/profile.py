@@ -20,6 +20,10 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+# libyaml's loader where PyYAML has it: the same documents, about 7 times faster than the pure
+# Python one (tests load a profile for every temp-dir twin: seconds of a run).
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
 BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
@@ -364,7 +368,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
         raise ProfileError(f"profile {str(name_or_path)!r} not found; known profiles: {known}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path.name}: not valid YAML: {exc}") from None
     return parse_profile(data, path.name)

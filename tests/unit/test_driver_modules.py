@@ -12,7 +12,7 @@ import pytest
 
 from facts.driver_install import PENDING, parse_build_resources, parse_module_hashes
 from gpuhost.artifacts import ArtifactStore
-from gpuhost.driverbuild import MODULES, build_modules
+from gpuhost.driverbuild import MODULES
 from gpuhost.driverplan import DriverModules
 from gpuhost.driverstore import (
     DriverModulesError,
@@ -151,9 +151,12 @@ def test_a_build_on_the_control_machine_is_checked_and_stored(local, tmp_path: P
         check_stored(again, other)
 
 
-def test_modules_from_another_compiler_or_kernel_are_not_stored(local, tmp_path: Path) -> None:
+def test_modules_from_another_compiler_or_kernel_are_not_stored(
+    local, driver_built, tmp_path: Path
+) -> None:
     kernel, cc_text = local
-    modules = build_modules(TREE, Path(f"/lib/modules/{kernel}/build"), "gcc-12", 2, tmp_path)
+    headers, modules = driver_built  # built from TREE with gcc-12 (tests/unit/conftest.py)
+    assert headers.resolve() == Path(f"/lib/modules/{kernel}/build").resolve()
     check_built(modules, wanted_for(kernel, cc_text))
     gcc11_kernel = wanted_for(kernel, "gcc-11 (Debian 11.3.0-12) 11.3.0")
     with pytest.raises(
