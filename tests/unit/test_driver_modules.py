@@ -12,7 +12,7 @@ import pytest
 
 from facts.driver_install import PENDING, parse_build_resources, parse_module_hashes
 from gpuhost.artifacts import ArtifactStore
-from gpuhost.driverbuild import MODULES
+from gpuhost.driverbuild import MODULES, build_modules
 from gpuhost.driverplan import DriverModules
 from gpuhost.driverstore import (
     DriverModulesError,
@@ -156,7 +156,9 @@ def test_modules_from_another_compiler_or_kernel_are_not_stored(
 ) -> None:
     kernel, cc_text = local
     headers, modules = driver_built  # built from TREE with gcc-12 (tests/unit/conftest.py)
-    assert headers.resolve() == Path(f"/lib/modules/{kernel}/build").resolve()
+    build = Path(f"/lib/modules/{kernel}/build")
+    if headers.resolve() != build.resolve():  # that build was for other headers than these
+        modules = build_modules(TREE, build, "gcc-12", 2, tmp_path)
     check_built(modules, wanted_for(kernel, cc_text))
     gcc11_kernel = wanted_for(kernel, "gcc-11 (Debian 11.3.0-12) 11.3.0")
     with pytest.raises(
