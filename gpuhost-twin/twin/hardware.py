@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-from twin import boot, hwsim, kernel_choice, modbuild
+from twin import boot, bytecode, hwsim, kernel_choice, modbuild
 from twin.profile import Kernel, Profile
 
 SHIM_DIR = "usr/lib/gpuhost-twin"
@@ -82,9 +81,7 @@ def install(root: Path, profile: Profile) -> None:
     shim_dir.mkdir(parents=True, exist_ok=True)
     here = Path(__file__).parent
     for package in ("hwsim", "hwshim"):
-        (shim_dir / package).mkdir(exist_ok=True)
-        for source in (here / package).glob("*.py"):
-            shutil.copy2(source, shim_dir / package / source.name)
+        bytecode.copy_package(here / package, shim_dir / package)
     for tool in TOOLS:
         _install_tool(root, tool)
     for kernel in profile.kernels:

@@ -200,8 +200,8 @@ class Supervisor:
         from twin.hwsim import sysfs_ctl
 
         try:
-            sysfs_ctl.hold_all(self.root)
-            if sysfs_ctl.pending(self.root) or (retry and _removals_waiting(self.root)):
+            found = sysfs_ctl.hold_all(self.root)
+            if sysfs_ctl.pending(self.root, found) or (retry and _removals_waiting(self.root)):
                 hwsim.apply_sysfs_writes(self.root)
         except Exception:
             log(f"sysfs writes failed:\n{traceback.format_exc()}")

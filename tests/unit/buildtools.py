@@ -7,6 +7,10 @@ from pathlib import Path
 
 from gpuhost.driverbuild import modinfo
 
+# The stand-in NVIDIA tree and this machine's Debian kernel headers (their build directories).
+DRIVER_TREE = Path(__file__).parents[1] / "fixtures/driver-src/open-gpu-kernel-modules"
+HEADERS = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
+
 
 def missing_module_build(headers: list[Path]) -> str | None:
     """Why the real module build against ``headers`` (the test's kernel build directories)

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuhost.driverbuild import BuiltModule, build_modules
 from gpuhost.hostfacts import HostFacts, parse_raw, read_snapshot
+from tests.unit.buildtools import DRIVER_TREE, HEADERS, missing_module_build
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 MACHINES = ("h200x1", "h200x2")  # real captures: 1 and 2 NVIDIA H200
@@ -33,3 +35,15 @@ def machine(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def h200x2_facts() -> HostFacts:
     return parse_raw(snapshot("h200x2"))
+
+
+@pytest.fixture(scope="session")
+def driver_built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[BuiltModule]]:
+    """One real build of the stand-in tree against this machine's newest Debian headers with
+    gcc-12, shared by the tests that check what a build gives (each build costs seconds):
+    (the headers, the modules). Tests that test the building itself build on their own."""
+    problem = missing_module_build(HEADERS)
+    if problem:
+        pytest.skip(problem)
+    out = tmp_path_factory.mktemp("ko")
+    return HEADERS[-1], build_modules(DRIVER_TREE, HEADERS[-1], "gcc-12", 2, out)

@@ -4,16 +4,11 @@ kernel headers with gcc-12 (the compiler that built them), on the stand-in sourc
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from gpuhost.artifacts import ArtifactError, ArtifactKey, ArtifactStore
-from gpuhost.driverbuild import MODULES, build_command, build_modules, source_version
-from tests.unit.buildtools import missing_module_build
-
-TREE = Path(__file__).parents[1] / "fixtures/driver-src/open-gpu-kernel-modules"
-HEADERS = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
+from gpuhost.driverbuild import MODULES, build_command, source_version
+from tests.unit.buildtools import DRIVER_TREE as TREE
 
 
 def test_source_version_and_the_build_command():
@@ -23,17 +18,8 @@ def test_source_version_and_the_build_command():
     )
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    problem = missing_module_build(HEADERS)
-    if problem:
-        pytest.skip(problem)
-    out = tmp_path_factory.mktemp("ko")
-    return HEADERS[-1], build_modules(TREE, HEADERS[-1], "gcc-12", 2, out)
-
-
-def test_a_real_build_carries_kernel_version_and_compiler(built):
-    headers, modules = built
+def test_a_real_build_carries_kernel_version_and_compiler(driver_built):
+    headers, modules = driver_built  # tests/unit/conftest.py
     kernel = headers.name.removeprefix("linux-headers-")
     assert [m.path.name for m in modules] == [f"{m}.ko" for m in MODULES]
     for module in modules:
@@ -44,8 +30,8 @@ def test_a_real_build_carries_kernel_version_and_compiler(built):
     assert not (TREE / "kernel-open/nvidia.ko").exists()  # built in a copy
 
 
-def test_the_store_keeps_them_verified(built, tmp_path):
-    _, modules = built
+def test_the_store_keeps_them_verified(driver_built, tmp_path):
+    _, modules = driver_built  # tests/unit/conftest.py
     store = ArtifactStore(tmp_path / "store")
     key = ArtifactKey(
         "nvidia-modules", "595.71.05", modules[0].kernel, "gcc (Debian 12.2.0-14+deb12u1) 12.2.0"

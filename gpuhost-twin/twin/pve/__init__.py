@@ -163,10 +163,9 @@ def _register_packages(root: Path, release: int = 8) -> None:
 
 
 def _install_code(root: Path) -> None:
-    lib = root / LIB / "pve"
-    lib.mkdir(parents=True, exist_ok=True)
-    for source in Path(__file__).parent.glob("*.py"):
-        shutil.copy(source, lib / source.name)
+    from twin import bytecode  # outside the twin only: this package runs inside it too
+
+    bytecode.copy_package(Path(__file__).parent, root / LIB / "pve", copy=shutil.copy)
     for tool, where in SHIMS.items():
         target = root / where / tool
         target.parent.mkdir(parents=True, exist_ok=True)
