@@ -152,8 +152,8 @@ class CudaRepo(Model):
 
     url: AptUrl = Field(
         description="The flat repository (deb822 `Suites: /`): NVIDIA's network repository for "
-        "the guest's distribution, .../compute/cuda/repos/<distro>/<arch>/ (e.g. debian12/x86_64), "
-        "or a mirror of it."
+        "the guest's distribution, .../compute/cuda/repos/<distro>/<arch>/ (debian12, debian13, "
+        "ubuntu2204 or ubuntu2404, as the guest's os-release says; x86_64), or a mirror of it."
     )
     keyring: AbsPath = Field(
         description="Path, on the control machine, of the OpenPGP key that signs it (NVIDIA's "
