@@ -16,7 +16,7 @@ import time
 
 from gpuhost.audit.plugin import Target, _runner, _testinfra_host
 from gpuhost.audit.run import audit_all, gpu_containers, read_host
-from gpuhost.inventory import SOURCE_KEY, load_inventory
+from gpuhost.spec.inventory import SOURCE_KEY, load_inventory
 
 
 def main() -> None:

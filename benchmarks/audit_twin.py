@@ -22,7 +22,7 @@ os.environ.setdefault("GPUHOST_TWIN_TEST_INDEX", "250")
 
 from gpuhost.audit.plugin import Target, _runner, _testinfra_host
 from gpuhost.audit.run import audit_all, read_host
-from gpuhost.inventory import load_inventory
+from gpuhost.spec.inventory import load_inventory
 from tests.e2e.test_audit_twin import provision
 from twin.hwtesting import ModuleCache
 from twin.pytest_plugin import Fleet

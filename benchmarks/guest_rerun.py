@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from gpuhost.inventory import load_inventory
+from gpuhost.spec.inventory import load_inventory
 from tests.e2e.test_guest_software import CT200, SPEC, guest_spec, write_inventory
 from twin import cudarepo, driver, node
 from twin.pytest_plugin import TwinHandle

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import operation
 
-from gpuhost.guestbackup import BACKUP_DIR, KEEP, backup_command
+from gpuhost.pve.backup import BACKUP_DIR, KEEP, backup_command
 
 
 @operation(is_idempotent=False)

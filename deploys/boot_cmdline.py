@@ -1,7 +1,7 @@
 """Kernel command line: the Plan's boot loader files, then the loader refresh they need.
 
 systemd-boot hosts (proxmox-boot-tool, uefi ESPs) read /etc/kernel/cmdline; GRUB hosts get
-gpuhost's drop-in /etc/default/grub.d/gpuhost.cfg (see gpuhost/bootconf.py). The refresh runs
+gpuhost's drop-in /etc/default/grub.d/gpuhost.cfg (see gpuhost/plan/boot/cmdline.py). The refresh runs
 when the files change, or when an earlier run changed them and did not get to refresh.
 
 While a trial boot is due on systemd-boot the files are left as they are: the trial entry
@@ -17,9 +17,9 @@ from pyinfra.api import deploy, operation
 
 from deploys.context import observed
 from deploys.ops import apply_files
-from gpuhost.plan import Plan
-from gpuhost.trialparams import settle_commands
-from gpuhost.trialstate import Step
+from gpuhost.plan.make import Plan
+from gpuhost.plan.trial.params import settle_commands
+from gpuhost.plan.trial.state import Step
 
 
 @operation()

@@ -1,11 +1,11 @@
 """GPU containers: exactly their GPUs' device entries, and the host driver's userspace inside.
 
-Device entries come from the Plan (gpuhost/ctplan.py), applied as root over the deploy's own SSH
+Device entries come from the Plan (gpuhost/plan/guests/containers.py), applied as root over the deploy's own SSH
 connection: devN with `pct set <ctid> --digest <sha1> --devN ... --delete ...` (only root@pam
 may set devN; an API token gets 403), raw lxc.* lines by rewriting the config file under
 Proxmox's own config lock (/run/lock/lxc/pve-config-<ctid>.lock), only when its SHA-1 is still
 the digest read at the start of the run, touching only gpuhost's lines. The config is backed
-up first (gpuhost/guestbackup.py). What gpuhost owns is recorded in
+up first (gpuhost/pve/backup.py). What gpuhost owns is recorded in
 /var/lib/gpuhost/ct-<ctid>-devices: before a change as the union of the old and the new
 entries, afterwards as the new ones, so a run killed in between still knows its lines.
 
@@ -33,12 +33,12 @@ from pyinfra.api import FileUploadCommand, OperationError, deploy, operation
 from deploys.context import observed
 from facts.containers import ContainerState, ContainerStates
 from facts.nvidia import NvidiaUserspace
-from gpuhost.ctplan import ContainerDevices, edit_raw, record_path, restart_marker
-from gpuhost.guestbackup import backup_command, config_path
-from gpuhost.guestpower import guests_from_configs, start_order
-from gpuhost.plan import STATE_DIR, Plan
-from gpuhost.trialstate import Step
-from gpuhost.userspaceplan import INSTALLER_FLAGS, DriverUserspace
+from gpuhost.plan.driver.userspace import INSTALLER_FLAGS, DriverUserspace
+from gpuhost.plan.guests.containers import ContainerDevices, edit_raw, record_path, restart_marker
+from gpuhost.plan.guests.power import guests_from_configs, start_order
+from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.plan.trial.state import Step
+from gpuhost.pve.backup import backup_command, config_path
 
 GUEST_DIR = "/var/lib/gpuhost"  # inside the container, where the installer is pushed
 STOP_TIMEOUT = 180  # seconds a container gets to shut down before it is stopped hard
@@ -89,7 +89,7 @@ def container_devices(ct: ContainerDevices):
     Give container ``ct.ctid`` exactly the Plan's device entries (devN or raw lines), leaving
     every entry gpuhost does not own alone; restart it when it runs with other ones.
 
-    + ct: the Plan's entry for the container (gpuhost/ctplan.py)
+    + ct: the Plan's entry for the container (gpuhost/plan/guests/containers.py)
     """
     files = observed(host).files or {}
     record = record_path(ct.ctid)

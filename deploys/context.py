@@ -13,13 +13,13 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
 
 from facts.snapshot import Combined
-from gpuhost.controlfacts import read_control
-from gpuhost.hostfacts import HostFacts, combined_args, parse_raw
-from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
-from gpuhost.plan import Plan, PlanError, make_plan
-from gpuhost.preconditions import unmet
-from gpuhost.render import render_plan
-from gpuhost.spec import HostSpec
+from gpuhost.control import read_control
+from gpuhost.observe.hostfacts import HostFacts, combined_args, parse_raw
+from gpuhost.plan.make import Plan, PlanError, make_plan
+from gpuhost.plan.preconditions import unmet
+from gpuhost.plan.render import render_plan
+from gpuhost.spec.host import HostSpec
+from gpuhost.spec.inventory import SOURCE_KEY, SPEC_KEY
 
 _observed: dict[tuple[int, str], HostFacts] = {}
 _plans: dict[tuple[int, str], Plan] = {}
@@ -45,7 +45,7 @@ def plan(host: Host) -> Plan:
         if not isinstance(spec, HostSpec):
             raise DeployError(
                 f"{host.name}: no gpuhost spec in host data; declare the host with "
-                "gpuhost.inventory.gpu_host() in the inventory"
+                "gpuhost.spec.inventory.gpu_host() in the inventory"
             )
         source = host.data.get(SOURCE_KEY)
         facts = observed(host)
@@ -60,7 +60,7 @@ def plan(host: Host) -> Plan:
 
 def refuse_unmet(plan: Plan, host: Host) -> None:
     """Stop while pyinfra prepares, before any operation runs, unless everything the run needs
-    from the control machine is there (gpuhost/preconditions.py): a run must not stop guests
+    from the control machine is there (gpuhost/plan/preconditions.py): a run must not stop guests
     or move a board and only then find the token or a file missing."""
     failed = unmet(plan.preconditions)
     if failed:

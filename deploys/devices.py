@@ -6,7 +6,7 @@ multi-user.target.wants link. The trial deadline timer (files/gpuhost-trial-dead
 a trial kernel's boot that gpuhost has not confirmed in time; without a trial it does nothing.
 With driver.source.installer, nvidia-persistenced's unit (gpuhost-nvidia-persistenced.service)
 is enabled the same way, and with VM GPUs the unit that gives gpuhost's PCI mappings the booted
-kernel's IOMMU groups before pve-guests.service starts the guests (gpuhost/mappingrefresh.py).
+kernel's IOMMU groups before pve-guests.service starts the guests (gpuhost/plan/guests/mappings.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from deploys.ops import apply_files
-from gpuhost.plan import Plan
+from gpuhost.plan.make import Plan
 
 
 @deploy("NVIDIA device nodes")

@@ -27,10 +27,9 @@ from pyinfra.operations import python
 
 from deploys.context import observed
 from facts.driver_install import PENDING, BuildResources, ModuleHashes
-from gpuhost.artifacts import ArtifactError, ArtifactStore
-from gpuhost.driverbuild import build_command, inspect_module
-from gpuhost.driverplan import MODULES_KIND, DriverModules, for_new_kernel
-from gpuhost.driverstore import (
+from gpuhost.build.artifacts import ArtifactError, ArtifactStore
+from gpuhost.build.driver import build_command, inspect_module
+from gpuhost.build.driverstore import (
     MODULE_FILES,
     DriverModulesError,
     build_on_control,
@@ -40,8 +39,9 @@ from gpuhost.driverstore import (
     source_tarball,
     store_built,
 )
-from gpuhost.plan import STATE_DIR, Plan
-from gpuhost.toolchain import build_jobs
+from gpuhost.plan.driver.modules import MODULES_KIND, DriverModules, for_new_kernel
+from gpuhost.plan.driver.toolchain import build_jobs
+from gpuhost.plan.make import STATE_DIR, Plan
 
 BUILD_DIR = f"{STATE_DIR}/driver-build"
 
@@ -115,7 +115,7 @@ def modules_built_on_host(wanted: DriverModules, cc: str, jobs: int, tarball: st
     Build the modules on the host from the uploaded source tree with compiler ``cc``, against
     the kernel's headers (/lib/modules/<kernel>/build), into ``workdir``/out.
 
-    + cc: the host's compiler of the kernel's GCC version (gpuhost.toolchain)
+    + cc: the host's compiler of the kernel's GCC version (gpuhost.plan.driver.toolchain)
     + jobs: parallel jobs (from the host's cores and available memory)
     + tarball: the source tree as a tar on the control machine
     """

@@ -29,8 +29,8 @@ from deploys import (
     vfio,
     vms,
 )
-from gpuhost.inventory import GUEST_KEY
-from gpuhost.trialstate import Step
+from gpuhost.plan.trial.state import Step
+from gpuhost.spec.inventory import GUEST_KEY
 
 
 def provision() -> None:
@@ -63,5 +63,5 @@ def provision() -> None:
             split.restore(moving)
 
 
-if host.data.get(GUEST_KEY) is None:  # guest hosts (gpuhost.guestinventory) are not GPU hosts
+if host.data.get(GUEST_KEY) is None:  # guest hosts (gpuhost.pve.guests) are not GPU hosts
     provision()

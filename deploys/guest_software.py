@@ -1,6 +1,6 @@
 """Guest software: CUDA toolkits, uv venvs with pins, the managed environment, services.
 
-Each operation compares the guest plan (gpuhost/guestplan.py), made once per run from one
+Each operation compares the guest plan (gpuhost/guestsw/plan.py), made once per run from one
 batched read of the guest (facts/guestsoft.py) and the node's Plan, and yields only what must
 change; a converged guest costs that one read (and the node's) and no per-item probes.
 """
@@ -20,9 +20,8 @@ from deploys import context
 from deploys.ops import _show_diff, write_command
 from facts.guestsoft import STAMP, UV_PATH, GuestFacts, commands, parse_guest
 from facts.snapshot import Combined
-from gpuhost.guestcontrol import control_for
-from gpuhost.guestinventory import GuestEntry
-from gpuhost.guestplan import (
+from gpuhost.guestsw.control import control_for
+from gpuhost.guestsw.plan import (
     GuestPlan,
     GuestPlanError,
     ServicePlan,
@@ -30,11 +29,12 @@ from gpuhost.guestplan import (
     make_guest_plan,
     planned_paths,
 )
-from gpuhost.guestrender import render_guest_plan
-from gpuhost.inventory import GUEST_KEY, SOURCE_KEY, SPEC_KEY
-from gpuhost.plan import ManagedFile, PlanError, make_plan
-from gpuhost.spec_guests import LxcGuest
-from gpuhost.split import owner_of_guest
+from gpuhost.guestsw.render import render_guest_plan
+from gpuhost.plan.guests.split import owner_of_guest
+from gpuhost.plan.make import ManagedFile, PlanError, make_plan
+from gpuhost.pve.guests import GuestEntry
+from gpuhost.spec.guests import LxcGuest
+from gpuhost.spec.inventory import GUEST_KEY, SOURCE_KEY, SPEC_KEY
 
 BIG = 32 << 10  # files longer than this are uploaded, not echoed in a command
 _facts: dict[tuple[int, str], GuestFacts] = {}
@@ -50,7 +50,7 @@ def _spec(host: Host) -> tuple[GuestEntry, LxcGuest]:
     if not isinstance(entry, GuestEntry) or not isinstance(entry.spec, LxcGuest):
         raise DeployError(
             f"{host.name}: not a GPU container of the inventory (guests come from "
-            "gpuhost.guestinventory.guests_of; only lxc guests the spec names get software)"
+            "gpuhost.pve.guests.guests_of; only lxc guests the spec names get software)"
         )
     return entry, entry.spec
 
@@ -280,7 +280,7 @@ def service(plan: ServicePlan):
 
 def configure(plan: GuestPlan) -> None:
     """Apply the guest plan: repository, toolkits, default, env, uv, venvs, services."""
-    from gpuhost.guestplan import KEYRING, SOURCES
+    from gpuhost.guestsw.plan import KEYRING, SOURCES
 
     for path in (KEYRING, SOURCES):
         if path in plan.files:

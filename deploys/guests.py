@@ -27,14 +27,14 @@ from pyinfra.api import operation
 
 from deploys.context import made_plan, observed
 from deploys.vms import refresh_commands
-from gpuhost.guestpower import (
+from gpuhost.plan.guests.power import (
     Guest,
     GuestPower,
     guests_from_configs,
     parse_record,
     plan_guest_power,
 )
-from gpuhost.plan import STATE_DIR, Plan
+from gpuhost.plan.make import STATE_DIR, Plan
 
 RECORD = f"{STATE_DIR}/guests-before-reboot"
 TOOL = {"lxc": "pct", "qemu": "qm"}

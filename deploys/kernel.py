@@ -1,7 +1,7 @@
 """The spec's kernel, installed beside the running one: a Proxmox package by release (apt, from
 the host's own sources), or the .debs `gpuhost build` left in the artifact store (dpkg only: a
 reprovisioned host compiles nothing). The store is a directory on the control machine, or the
-one on the build host that artifacts.build_host names (gpuhost/remotestore.py).
+one on the build host that artifacts.build_host names (gpuhost/build/remotestore.py).
 
 A kernel that lacks what the host needs from Proxmox's packaging (zfs.ko where ZFS is used, the
 ACS patch for boot.acs_override) is refused before anything changes: a stored package is read
@@ -23,15 +23,20 @@ from pyinfra.api import DeployError, FileUploadCommand, operation
 from pyinfra.facts.apt import noninteractive_apt
 
 from deploys.context import observed
-from gpuhost.artifacts import ArtifactError
-from gpuhost.buildhost import BuildHostError
-from gpuhost.debinfo import DebError
-from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
-from gpuhost.kernelfeatures import KernelFeatures, feature_problems, package_features
-from gpuhost.kernelstore import KernelInstall, KernelStoreError, installed_problem, plan_install
-from gpuhost.plan import STATE_DIR, Plan
-from gpuhost.remotestore import store_for
-from gpuhost.spec import HostSpec
+from gpuhost.build.artifacts import ArtifactError
+from gpuhost.build.debinfo import DebError
+from gpuhost.build.features import KernelFeatures, feature_problems, package_features
+from gpuhost.build.host import BuildHostError
+from gpuhost.build.kernelstore import (
+    KernelInstall,
+    KernelStoreError,
+    installed_problem,
+    plan_install,
+)
+from gpuhost.build.remotestore import store_for
+from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.spec.host import HostSpec
+from gpuhost.spec.inventory import SOURCE_KEY, SPEC_KEY
 
 DEB_DIR = f"{STATE_DIR}/kernel-debs"
 
@@ -45,7 +50,7 @@ def install_plan(plan: Plan) -> KernelInstall | None:
     """How this run installs the spec's kernel; None when it is installed. Refuses (before
     anything changes) an installed kernel built by another GCC, a store without the build, and
     a kernel without what this host needs from Proxmox's packaging (zfs.ko on a host that uses
-    ZFS, the ACS patch for boot.acs_override: gpuhost/kernelfeatures.py)."""
+    ZFS, the ACS patch for boot.acs_override: gpuhost/build/features.py)."""
     spec: HostSpec = host.data.get(SPEC_KEY)
     release, gcc = plan.target_kernel, spec.toolchain.gcc
     where = f"{host.name}: kernel {release}"

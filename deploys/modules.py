@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from deploys.ops import apply_files
-from gpuhost.plan import Plan
+from gpuhost.plan.make import Plan
 
 
 @deploy("Module options")

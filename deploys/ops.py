@@ -19,7 +19,7 @@ from pyinfra.api.util import format_text
 from pyinfra.operations.util.files import generate_color_diff
 
 from deploys.context import observed
-from gpuhost.plan import STATE_DIR, FollowUp, ManagedFile, Plan
+from gpuhost.plan.make import STATE_DIR, FollowUp, ManagedFile, Plan
 
 
 def _show_diff(path: str, current: str | None, wanted: str | None) -> None:

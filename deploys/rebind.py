@@ -1,6 +1,6 @@
 """Move one board between nvidia and vfio-pci while the host runs: no reboot.
 
-The board is every function of the GPU's slot (gpuhost.vfioplan.board_functions); all of them
+The board is every function of the GPU's slot (gpuhost.plan.guests.vfio.board_functions); all of them
 move together, or none.
 
 nvidia -> vfio-pci: refused, naming each process (and its guest, from its cgroup), while
@@ -35,7 +35,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, operation
 
 from facts.rebind import BoardBinding, BoardState
-from gpuhost.values import normalize_bdf
+from gpuhost.spec.values import normalize_bdf
 
 DRIVERS = ("vfio-pci", "nvidia")
 PERSISTENCED = "nvidia-persiste"  # its comm: the kernel keeps 15 characters (TASK_COMM_LEN)

@@ -5,7 +5,7 @@
 The board's functions come from the Plan (the GPU and its other functions). The
 guests around the move (stop the one that holds the GPU first, start the new owner after) are
 the caller's: the move is refused, naming the guest, while a running guest's config has the
-board (gpuhost/boardholders.py), and naming the process while anything holds it. The
+board (gpuhost/plan/guests/boardholders.py), and naming the process while anything holds it. The
 next boot binds as the inventory says (deploys/vfio.py): change the inventory for a move that
 should last.
 """
@@ -15,8 +15,8 @@ from pyinfra.api.exceptions import DeployError
 
 from deploys import context
 from deploys.rebind import DRIVERS, rebind
-from gpuhost.boardholders import holders
-from gpuhost.vfioplan import board_functions
+from gpuhost.plan.guests.boardholders import holders
+from gpuhost.plan.guests.vfio import board_functions
 
 plan = context.plan(host)
 gpu, driver = host.data.get("gpu"), host.data.get("driver")

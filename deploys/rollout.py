@@ -31,7 +31,7 @@ from pyinfra import logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.host import Host
 
-from gpuhost.inventory import SPEC_KEY
+from gpuhost.spec.inventory import SPEC_KEY
 
 # Hosts that entered the rollout in a run (per pyinfra state): a host that failed to connect
 # never does, and does not stop the others.
@@ -51,7 +51,7 @@ def assign_turns(hosts: Sequence[tuple[str, bool]]) -> dict[str, int]:
 
 def _fleet_turns(host: Host) -> dict[str, int]:
     state = host.state
-    hosts = [  # GPU hosts only: guest hosts (gpuhost.guestinventory) take no turns
+    hosts = [  # GPU hosts only: guest hosts (gpuhost.pve.guests) take no turns
         h for h in state.inventory if h in state.activated_hosts and h.data.get(SPEC_KEY)
     ]
     return assign_turns([(h.name, bool(h.data.get(SPEC_KEY).kernel.trial.parallel)) for h in hosts])

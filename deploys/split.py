@@ -1,7 +1,7 @@
 """Moving GPUs between guests while the host runs: no GPU is ever in two running guests.
 
 A guest whose GPU entries change (a container's device entries, a VM's owned hostpci entries,
-gpuhost/ctplan.py and gpuhost/vmplan.py) is affected, on both sides of every move: the guest
+gpuhost/plan/guests/containers.py and gpuhost/plan/guests/vms.py) is affected, on both sides of every move: the guest
 that loses a GPU and the one that gains it. Without a host reboot in the run, every affected
 guest that runs is shut down first (Proxmox's stopall, reverse startup order, recorded in
 /var/lib/gpuhost/guests-before-reboot like around a reboot), then the entries are written, the
@@ -22,14 +22,14 @@ from pyinfra.api import deploy
 
 from deploys.context import observed
 from deploys.guests import RECORD, start_guests, stop_guests
-from gpuhost.guestpower import (
+from gpuhost.plan.guests.power import (
     GuestId,
     GuestPower,
     guests_from_configs,
     parse_record,
     plan_guest_power,
 )
-from gpuhost.plan import Plan
+from gpuhost.plan.make import Plan
 
 
 def affected(plan: Plan) -> set[GuestId]:

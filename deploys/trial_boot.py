@@ -1,8 +1,8 @@
 """The brick-safe trial boot of a new kernel: booted once through a true one-shot, proven by the
 audit's host checks, and only then pinned as the default.
 
-The steps and their exact commands are the Plan's (``plan.trial_boot``, see gpuhost/trialboot.py);
-which step is due comes from the host alone (``plan.trial_step``, see gpuhost/trialstate.py): its
+The steps and their exact commands are the Plan's (``plan.trial_boot``, see gpuhost/plan/trial/boot.py);
+which step is due comes from the host alone (``plan.trial_step``, see gpuhost/plan/trial/state.py): its
 trial record, the running kernel and the boot id. So a run killed anywhere converges on the next
 one, and a trial that failed stops the deploy instead of being retried in a loop.
 
@@ -31,11 +31,11 @@ from deploys.reboot import _read
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo
 from gpuhost.audit.gate import run_gate
-from gpuhost.guestpower import GuestPower
-from gpuhost.inventory import SOURCE_KEY, SPEC_KEY
-from gpuhost.plan import STATE_DIR, FollowUp, Plan
-from gpuhost.trialparams import TRIAL_MARK, settle_commands
-from gpuhost.trialstate import RECORD, Step, TrialRecord, failed_message
+from gpuhost.plan.guests.power import GuestPower
+from gpuhost.plan.make import STATE_DIR, FollowUp, Plan
+from gpuhost.plan.trial.params import TRIAL_MARK, settle_commands
+from gpuhost.plan.trial.state import RECORD, Step, TrialRecord, failed_message
+from gpuhost.spec.inventory import SOURCE_KEY, SPEC_KEY
 
 JOURNAL = "journalctl -b -1 -k -n 40 --no-pager -o short-monotonic 2>/dev/null"
 

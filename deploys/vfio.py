@@ -1,6 +1,6 @@
 """The VMs' PCI functions on vfio-pci: claimed at boot before any host driver, per BDF.
 
-Writes the mechanism the Plan holds (gpuhost/vfioplan.py): /etc/modprobe.d/gpuhost-vfio.conf,
+Writes the mechanism the Plan holds (gpuhost/plan/guests/vfio.py): /etc/modprobe.d/gpuhost-vfio.conf,
 whose install lines claim the VMs' functions for vfio-pci before nvidia, nouveau, nvidiafb,
 snd_hda_intel, xhci_pci or i2c_nvidia_gpu is inserted, the initramfs hook that puts vfio-pci in
 the initramfs (which carries modprobe.d), and the boot unit that moves functions a built-in or
@@ -21,8 +21,8 @@ from pyinfra.api import deploy
 from deploys.context import observed
 from deploys.ops import managed_file
 from deploys.rebind import rebind
-from gpuhost.plan import Plan
-from gpuhost.vfioplan import board_functions, misbound
+from gpuhost.plan.guests.vfio import board_functions, misbound
+from gpuhost.plan.make import Plan
 
 
 @deploy("VFIO binding")
@@ -38,7 +38,7 @@ def configure(plan: Plan, live: bool = True) -> None:
         return
     # A board on the wrong side now moves live (refused, naming the holder, while in use).
     # Boards leave nvidia before any comes back, so a returning GPU takes the minor a leaving
-    # one freed, as the Plan's container nodes expect (gpuhost.guestdevices.planned_minors).
+    # one freed, as the Plan's container nodes expect (gpuhost.plan.guests.devices.planned_minors).
     facts = observed(host)
     moves = misbound(plan.gpus, facts)
     for gpu, driver in sorted(moves, key=lambda m: (m[1] != "vfio-pci", m[0])):

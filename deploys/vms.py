@@ -1,6 +1,6 @@
 """VMs' GPUs through Proxmox's API: PCI mappings, owned `hostpciN` entries, machine type.
 
-Through the API token (proxmoxer, gpuhost/pveapi.py) wherever Proxmox lets a token act: the
+Through the API token (proxmoxer, gpuhost/pve/api.py) wherever Proxmox lets a token act: the
 cluster PCI mappings (Mapping.Modify on /mapping/pci) and `hostpciN: mapping=...` (VM.Config.HWType
 on /vms/<vmid> plus Mapping.Use on the mapping). Through root on the host, over the deploy's own
 SSH connection, only where Proxmox requires root@pam: taking over a hand-made `host=` entry.
@@ -20,13 +20,13 @@ from pyinfra.api import OperationError, operation
 from deploys.context import observed
 from deploys.ops import step
 from facts.proxmox import MAPPINGS_FILE, parse_pci_mappings
-from gpuhost import pveapi
-from gpuhost.guestbackup import backup_command
-from gpuhost.inventory import SPEC_KEY
-from gpuhost.mappingrefresh import refresh_command
-from gpuhost.plan import Plan
-from gpuhost.trialstate import Step
-from gpuhost.vmplan import MAPPING_PREFIX, PciMapping, VmGpus
+from gpuhost.plan.guests.mappings import refresh_command
+from gpuhost.plan.guests.vms import MAPPING_PREFIX, PciMapping, VmGpus
+from gpuhost.plan.make import Plan
+from gpuhost.plan.trial.state import Step
+from gpuhost.pve import api as pveapi
+from gpuhost.pve.backup import backup_command
+from gpuhost.spec.inventory import SPEC_KEY
 
 CA_FILE = "/etc/pve/pve-root-ca.pem"
 
@@ -98,7 +98,7 @@ def pci_mappings(plan: Plan):
 
 def refresh_commands(plan: Plan) -> list[str]:
     """Commands that bring this node's entry of each planned mapping to the IOMMU group of the
-    kernel running when they run (gpuhost.mappingrefresh, which the boot unit runs too, before
+    kernel running when they run (gpuhost.plan.guests.mappings, which the boot unit runs too, before
     pve-guests.service): made before a reboot, run after it, before the deploy starts guests
     (deploys.guests.start_guests runs them first)."""
     if not plan.vm_split.mappings or node_name() is None:

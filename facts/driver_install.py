@@ -76,7 +76,7 @@ def parse_build_resources(lines: list[str]) -> tuple[int, int]:
 
 class BuildResources(FactBase[tuple[int, int]]):
     """Returns ``(cores, MemAvailable bytes)``, e.g. ``(16, 134582738944)``: build jobs derive
-    from both (gpuhost.toolchain.build_jobs), never from cores alone."""
+    from both (gpuhost.plan.driver.toolchain.build_jobs), never from cores alone."""
 
     def command(self) -> str:
         return "nproc; grep '^MemAvailable:' /proc/meminfo"

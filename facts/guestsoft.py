@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from facts._parse import UnparsedOutput
 from facts.files import ManagedFiles, parse_managed_files
 from facts.nvidia import DriverVersion, parse_driver_version
-from gpuhost.cudarepos import GPGV, SQV, SQV_POLICY, GuestOs, parse_os_release
+from gpuhost.guestsw.cudarepos import GPGV, SQV, SQV_POLICY, GuestOs, parse_os_release
 
 UV_PATH = "/usr/local/bin/uv"
 STAMP = ".gpuhost-stamp"  # in a venv: the install it holds (guestplan.venv_stamp)
@@ -65,7 +65,7 @@ class GuestFacts:
     services: dict[str, ServiceState]
     cuda_versions: dict[str, str] = field(default_factory=dict)  # prefix -> version.json's cuda
     os: GuestOs | None = None  # /etc/os-release
-    apt_verifier: str = GPGV  # how its apt checks signatures (gpuhost.cudarepos SQV...)
+    apt_verifier: str = GPGV  # how its apt checks signatures (gpuhost.guestsw.cudarepos SQV...)
 
 
 def normalise(name: str) -> str:

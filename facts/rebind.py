@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pyinfra.api import FactBase
 
 from facts._parse import UnparsedOutput
-from gpuhost.values import normalize_bdf
+from gpuhost.spec.values import normalize_bdf
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""How the host uses ZFS, and what each installed kernel carries (gpuhost/kernelfeatures.py).
+"""How the host uses ZFS, and what each installed kernel carries (gpuhost/build/features.py).
 
 ZFS is used when / is on ZFS (the Proxmox installer's ZFS layout: root=ZFS=rpool/ROOT/pve-1),
 a pool is imported, or a Proxmox storage is a `zfspool` (/etc/pve/storage.cfg). A kernel has ZFS
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pyinfra.api import FactBase
 
 from facts._parse import UnparsedOutput
-from gpuhost.kernelfeatures import KernelFeatures
+from gpuhost.build.features import KernelFeatures
 
 
 @dataclass(frozen=True)

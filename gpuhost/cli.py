@@ -17,19 +17,19 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import PyinfraError
 
-from gpuhost import buildcmd
-from gpuhost.controlfacts import read_control
-from gpuhost.hostfacts import (
+from gpuhost.build import command as buildcmd
+from gpuhost.build.kernel import KernelBuildError
+from gpuhost.control import read_control
+from gpuhost.observe.hostfacts import (
     capture_script,
     gather_live,
     parse_raw,
     read_snapshot,
     write_snapshot,
 )
-from gpuhost.inventory import load_inventory
-from gpuhost.kernelbuild import KernelBuildError
-from gpuhost.plan import make_plan
-from gpuhost.render import render_plan
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.render import render_plan
+from gpuhost.spec.inventory import load_inventory
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -14,9 +14,9 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from gpuhost.grammar import GRAMMARS
-from gpuhost.spec import HostSpec
-from gpuhost.spec_guests import LxcGuest, VmGuest
+from gpuhost.spec.grammar import GRAMMARS
+from gpuhost.spec.guests import LxcGuest, VmGuest
+from gpuhost.spec.host import HostSpec
 
 START, END = "<!-- inventory-reference:start -->", "<!-- inventory-reference:end -->"
 README = Path(__file__).parents[1] / "README.md"

@@ -6,7 +6,7 @@ on the machine itself (`--hosts=local://`); Proxmox-only checks skip. Facts as c
 tests/fixtures/captures/h200x1.
 """
 
-from gpuhost.inventory import gpu_host
+from gpuhost.spec.inventory import gpu_host
 
 gpu_hosts = [
     gpu_host(

@@ -1,6 +1,6 @@
 """kpro5: a simpler shape. All GPUs go to one container; packaged Proxmox kernel; GRUB."""
 
-from gpuhost.inventory import gpu_host
+from gpuhost.spec.inventory import gpu_host
 
 gpu_hosts = [
     gpu_host(

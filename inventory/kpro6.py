@@ -2,7 +2,7 @@
 root port (so no P2P between any pair), AMD EPYC, 2 NUMA nodes, systemd-boot.
 Six GPUs go to container 200 (inference), two to VM 129 (q35, vfio-pci)."""
 
-from gpuhost.inventory import gpu_host
+from gpuhost.spec.inventory import gpu_host
 
 gpu_hosts = [
     gpu_host(

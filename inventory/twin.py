@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import InventoryError
 
-from gpuhost.inventory import gpu_host, load_inventory
+from gpuhost.spec.inventory import gpu_host, load_inventory
 from twin import node
 
 TARGET_ENV = "GPUHOST_TWIN_TARGET"

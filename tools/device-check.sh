@@ -13,7 +13,7 @@ if [ "$gpus" -ge 2 ]; then
   vm="{'kind': 'vm', 'vmid': 129, 'name': 'vm129', 'machine': 'q35', 'gpus': ['$second']},"
 fi
 cat >"$out/inventory.py" <<INV
-from gpuhost.inventory import gpu_host
+from gpuhost.spec.inventory import gpu_host
 hosts = [gpu_host("@local", {
     "kernel": {"version": "6.8.12-9-pve"}, "driver": {"version": "$driver"},
     "guests": [$vm {"kind": "lxc", "ctid": 200, "name": "ct200", "gpus": [0]}],

@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 from gpuhost.audit.observe import observe_host
-from gpuhost.inventory import load_inventory
-from gpuhost.plan import make_plan
+from gpuhost.plan.make import make_plan
+from gpuhost.spec.inventory import load_inventory
 
 
 def run(command: str) -> tuple[int, str, str]:

@@ -86,7 +86,7 @@ def spec_profiles() -> list[str]:
 
 def provision(twin: Any, dry: bool, with_driver: bool = True) -> int:
     """Run the main deploy on ``twin`` alone (a twin.node.Twin), with the spec of its profile."""
-    from gpuhost.inventory import load_inventory
+    from gpuhost.spec.inventory import load_inventory
     from twin import driver
 
     os.environ[TARGET_ENV] = twin.name  # inventory/twin.py then holds this twin only

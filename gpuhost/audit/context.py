@@ -7,10 +7,10 @@ from typing import Any
 
 from gpuhost.audit.model import Finding
 from gpuhost.audit.observe import GuestView, HostView
-from gpuhost.guestdevices import node_major, node_minor
-from gpuhost.plan import ManagedFile, Plan
-from gpuhost.spec import HostSpec
-from gpuhost.userspaceplan import INSTALLER_FLAGS, installer_name
+from gpuhost.plan.driver.userspace import INSTALLER_FLAGS, installer_name
+from gpuhost.plan.guests.devices import node_major, node_minor
+from gpuhost.plan.make import ManagedFile, Plan
+from gpuhost.spec.host import HostSpec
 
 REDEPLOY = "re-run the deploy (pyinfra INVENTORY deploys/gpu_host.py)"
 

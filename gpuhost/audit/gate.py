@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from gpuhost.audit.model import CHECKS
 from gpuhost.audit.observe import Runner
 from gpuhost.audit.run import HostAudit, evaluate, read_host
-from gpuhost.spec import HostSpec
+from gpuhost.spec.host import HostSpec
 
 # Right kernel, command line and loader files; the planned driver, open flavour, built by the
 # kernel's compiler, with matching GSP firmware; uvm_disable_hmm and the other parameters;

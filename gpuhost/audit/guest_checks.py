@@ -15,8 +15,8 @@ from gpuhost.audit.context import (
 )
 from gpuhost.audit.model import Finding, NotApplicable, check
 from gpuhost.audit.observe import GuestView
-from gpuhost.grammar import Q35_FIX, machine_is_q35
-from gpuhost.spec_guests import LxcGuest, VmGuest
+from gpuhost.spec.grammar import Q35_FIX, machine_is_q35
+from gpuhost.spec.guests import LxcGuest, VmGuest
 
 _ALLOW = re.compile(r"lxc\.cgroup2?\.devices\.allow")
 _RULE = re.compile(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 
-from gpuhost import modconf
 from gpuhost.audit.context import REDEPLOY, AuditContext, expected_minor, file_findings
 from gpuhost.audit.model import Finding, NotApplicable, check
+from gpuhost.plan.driver import modconf
 
 
 @check("boot.kernel", "The running kernel is the planned one")

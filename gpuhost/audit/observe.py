@@ -1,6 +1,6 @@
 """Read a host and its GPU guests for the audit: one command for the host, one per container.
 
-The host command is the deploy's batched fact command (gpuhost.hostfacts.FACTS) plus the facts
+The host command is the deploy's batched fact command (gpuhost.observe.hostfacts.FACTS) plus the facts
 only the audit needs, so the Plan the audit checks against is made from exactly what the deploy
 would see. Guests without SSH of their own are read through ``pct exec`` on the host.
 """
@@ -23,9 +23,9 @@ from facts.kernel import NvidiaModuleFiles
 from facts.nvidia import FabricManager, GspFirmwareFiles, NvidiaFabricManager, NvidiaUserspace
 from facts.snapshot import MISSING_TOOL, Combined, split_combined
 from facts.storage import StorageHealth, StorageHealthFact
-from gpuhost.guestplan import planned_paths, venv_imports
-from gpuhost.hostfacts import FACTS, HostFacts, combined_args, fact_tool, parse_raw
-from gpuhost.spec_guests import LxcGuest
+from gpuhost.guestsw.plan import planned_paths, venv_imports
+from gpuhost.observe.hostfacts import FACTS, HostFacts, combined_args, fact_tool, parse_raw
+from gpuhost.spec.guests import LxcGuest
 
 # A command runner: command -> (exit status, stdout, stderr). testinfra's host.run, or a guest's.
 Runner = Callable[[str], tuple[int, str, str]]

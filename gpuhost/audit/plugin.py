@@ -26,9 +26,9 @@ from facts.cuda import DEFAULT_SIZES
 from gpuhost.audit.model import Check, Outcome
 from gpuhost.audit.run import HostAudit, cases, evaluate, read_host
 from gpuhost.hostkeys import unknown_host_key
-from gpuhost.inventory import SOURCE_KEY, load_inventory
-from gpuhost.spec import HostSpec
-from gpuhost.spec_guests import LxcGuest
+from gpuhost.spec.guests import LxcGuest
+from gpuhost.spec.host import HostSpec
+from gpuhost.spec.inventory import SOURCE_KEY, load_inventory
 
 
 @dataclass

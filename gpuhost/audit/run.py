@@ -19,9 +19,9 @@ from gpuhost.audit import (  # noqa: F401  (registers the checks)
 from gpuhost.audit.context import AuditContext
 from gpuhost.audit.model import CHECKS, Check, Finding, NotApplicable, Outcome
 from gpuhost.audit.observe import GuestView, Runner, in_container, observe_guest, observe_host
-from gpuhost.plan import PlanError, make_plan
-from gpuhost.spec import HostSpec
-from gpuhost.spec_guests import LxcGuest
+from gpuhost.plan.make import PlanError, make_plan
+from gpuhost.spec.guests import LxcGuest
+from gpuhost.spec.host import HostSpec
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Guest software checks, inside each GPU container: CUDA toolkits, venv pins and imports, the
-managed environment, services. The expectation is the guest plan (gpuhost/guestplan.py) made
+managed environment, services. The expectation is the guest plan (gpuhost/guestsw/plan.py) made
 from the host's Plan (its environment for the guest) and what the guest showed, exactly as the
 guest deploy makes it."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from gpuhost.audit.context import AuditContext
 from gpuhost.audit.model import Finding, NotApplicable, check
-from gpuhost.guestcontrol import control_for
-from gpuhost.guestplan import PROFILE, GuestPlan, GuestPlanError, make_guest_plan
-from gpuhost.spec_guests import LxcGuest
-from gpuhost.split import owner_of_guest
+from gpuhost.guestsw.control import control_for
+from gpuhost.guestsw.plan import PROFILE, GuestPlan, GuestPlanError, make_guest_plan
+from gpuhost.plan.guests.split import owner_of_guest
+from gpuhost.spec.guests import LxcGuest
 
 _PYTHON_MATCH = 2  # major.minor of a venv's python
 

@@ -2,7 +2,7 @@
 
 ``built_kernel_store()`` builds Debian's linux-source-6.1 (tinyconfig plus a few options, a
 64-bit x86_64 kernel with loadable modules) into .deb packages with gcc-12, through gpuhost's
-own build (``gpuhost.kernelbuild.build``: the recipe ``gpuhost build`` makes from a spec like
+own build (``gpuhost.build.kernel.build``: the recipe ``gpuhost build`` makes from a spec like
 ``spec()``'s, into the same store layout), and returns where they are. The first call on a
 machine builds (minutes): `gpuhost build` over SSH to this machine, killed mid-build and run
 again (tests/build/killed_build.py, the scenario test_build_host.py checks), so that a clean
@@ -39,8 +39,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
-from gpuhost.artifacts import Artifact, ArtifactKey, ArtifactStore
-from gpuhost.kernelbuild import (
+from gpuhost.build.artifacts import Artifact, ArtifactKey, ArtifactStore
+from gpuhost.build.kernel import (
     INDEX,
     KernelRecipe,
     build,
@@ -267,7 +267,7 @@ def _fill_over_ssh(cache: Path, store: ArtifactStore, run: str) -> Artifact | No
         return None
     digest = built.meta["inputs"]
     artifact = store.put(built.key, [built.file(name) for name in built.files], built.meta)
-    index = store.root / INDEX / f"{digest}.json"  # as gpuhost.kernelbuild records a build
+    index = store.root / INDEX / f"{digest}.json"  # as gpuhost.build.kernel records a build
     index.parent.mkdir(parents=True, exist_ok=True)
     index.write_text(json.dumps(built.key.__dict__, sort_keys=True) + "\n")
     _record(cache, digest, done.seconds, len(done.calls()), built.meta.get("jobs"), where)

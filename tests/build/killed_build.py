@@ -60,7 +60,7 @@ def inventory(path: Path, builder: LocalBuildHost, store: Path, cache: Path | No
     host = {**spec(source_tree(cache), store), "driver": {"version": DRIVER}}
     host["artifacts"] = {"store": str(store), "build_host": "builder"}
     path.write_text(
-        "from gpuhost.inventory import build_host, gpu_host\n"
+        "from gpuhost.spec.inventory import build_host, gpu_host\n"
         f"{builder.entry('builder')}\n"
         f"gpu_hosts = [gpu_host('kb', ssh_hostname='192.0.2.1', spec={host!r})]\n"
     )

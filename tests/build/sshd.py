@@ -26,7 +26,7 @@ class LocalBuildHost:
     known_hosts: Path
 
     def host_data(self) -> dict[str, object]:
-        """pyinfra host data for gpuhost.inventory.build_host()."""
+        """pyinfra host data for gpuhost.spec.inventory.build_host()."""
         return {
             "ssh_hostname": "127.0.0.1",
             "ssh_port": self.port,

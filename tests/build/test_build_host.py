@@ -19,10 +19,10 @@ import time
 
 import pytest
 
-from gpuhost import buildhost
-from gpuhost.artifacts import ArtifactError, ArtifactKey, ArtifactStore
-from gpuhost.kernelbuild import configure
-from gpuhost.remotestore import RemoteStore
+from gpuhost.build import host as buildhost
+from gpuhost.build.artifacts import ArtifactError, ArtifactKey, ArtifactStore
+from gpuhost.build.kernel import configure
+from gpuhost.build.remotestore import RemoteStore
 from tests.build import killed_build
 from tests.build.kernel_cache import (
     CC_LOG,

@@ -1,5 +1,5 @@
 """The real kernel build: Debian's linux-source-6.1 into .debs with gcc-12, through gpuhost's own
-code (gpuhost.kernelbuild, `gpuhost build`), and a real out-of-tree module built against the
+code (gpuhost.build.kernel, `gpuhost build`), and a real out-of-tree module built against the
 headers package it made.
 
 The one build is tests/build/kernel_cache.py's, cached per machine (minutes the first time).
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.artifacts import Artifact, ArtifactKey, ArtifactStore, slug
-from gpuhost.driverbuild import MODULES, build_modules, source_version
-from gpuhost.kernelbuild import (
+from gpuhost.build.artifacts import Artifact, ArtifactKey, ArtifactStore, slug
+from gpuhost.build.driver import MODULES, build_modules, source_version
+from gpuhost.build.kernel import (
     KernelBuildError,
     build,
     config_hash,
@@ -150,7 +150,7 @@ def test_a_second_build_and_gpuhost_build_run_no_compiler(built_kernel, tree, ar
         inventory = tmp_path / "inv.py"
         host = {**spec(tree, built_kernel.store), "driver": {"version": "595.71.05"}}
         inventory.write_text(
-            "from gpuhost.inventory import gpu_host\n"
+            "from gpuhost.spec.inventory import gpu_host\n"
             f"gpu_hosts = [gpu_host('kb', ssh_hostname='192.0.2.1', spec={host!r})]\n"
         )
         done = subprocess.run(
@@ -176,7 +176,7 @@ def refused(tmp_path: Path, changed, says: str) -> list[str]:
     assert top and logged(cc_log), "Kconfig ran, with the wrapper"
     assert not list((tmp_path / "work").glob("*.deb"))
     # nothing stored: no artifact, no input-index entry; only the lock the build held
-    # (gpuhost.kernelbuild.building) is in the store
+    # (gpuhost.build.kernel.building) is in the store
     left = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
     assert [p.parent.name for p in left] == ["kernel-inputs"] * len(left)
     assert all(p.name.startswith(".") and p.name.endswith(".lock") for p in left), left

@@ -1,4 +1,4 @@
-"""A pve-kernel tree built the Proxmox way through gpuhost (gpuhost.pvekernelbuild): the CI
+"""A pve-kernel tree built the Proxmox way through gpuhost (gpuhost.build.pvekernel): the CI
 stand-in (tests/build/pvekernel_standin.py) goes through its own packaging on a tiny config
 into proxmox-kernel-KVNAME and proxmox-headers-KVNAME, with zfs.ko, spl.ko and the
 pcie_acs_override parameter, the spec's fragment and compiler.
@@ -21,10 +21,10 @@ from typing import NamedTuple
 
 import pytest
 
-from gpuhost.artifacts import Artifact, ArtifactStore
-from gpuhost.kernelbuild import KernelRecipe, build, local_jobs
-from gpuhost.kernelfeatures import feature_problems, package_features
-from gpuhost.kernelstore import plan_install
+from gpuhost.build.artifacts import Artifact, ArtifactStore
+from gpuhost.build.features import feature_problems, package_features
+from gpuhost.build.kernel import KernelRecipe, build, local_jobs
+from gpuhost.build.kernelstore import plan_install
 from tests.build.kernel_cache import (
     CC,
     GCC,
@@ -198,7 +198,7 @@ def test_a_second_gpuhost_build_runs_no_compiler(pve, tmp_path):
     cc_log = tmp_path / "cc.log"
     inventory = tmp_path / "inv.py"
     inventory.write_text(
-        "from gpuhost.inventory import gpu_host\n"
+        "from gpuhost.spec.inventory import gpu_host\n"
         f"gpu_hosts = [gpu_host('pve', ssh_hostname='192.0.2.1', spec={spec(pve.tree, pve.store)!r})]\n"
     )
     with compiler_on_path(cc_log):

@@ -46,7 +46,7 @@ def inventory(path: Path, twin: TwinHandle, spec: dict, builders: str = "") -> P
     """A one-host inventory file for a twin, like a user's, with host keys verified;
     ``builders``: the build hosts' declarations, e.g. ``builder = build_host('builder', ...)``."""
     path.write_text(
-        "from gpuhost.inventory import build_host, gpu_host\n"
+        "from gpuhost.spec.inventory import build_host, gpu_host\n"
         f"hosts = [gpu_host({twin.name!r}, {spec!r}, ssh_hostname={twin.address!r}, "
         f"ssh_user='root', ssh_key={str(twin.key)!r}, ssh_known_hosts_file={str(twin.known_hosts)!r}, "
         "ssh_strict_host_key_checking='yes', gpuhost_reboot_delay=1)]\n"

@@ -39,7 +39,7 @@ def fresh_kpro6(tmp: Path, boot: dict | None = None) -> str:
 
 
 # The test kernel is a `make bindeb-pkg` build of a plain tree: no zfs.ko, so a host whose root
-# is on ZFS refuses it (gpuhost/kernelfeatures.py). The reprovisioned kpro6 is the Proxmox
+# is on ZFS refuses it (gpuhost/build/features.py). The reprovisioned kpro6 is the Proxmox
 # installer's other UEFI layout with systemd-boot, a btrfs root, which needs no zfs.ko (the twin
 # does not model file system drivers).
 PLAIN_KERNEL_ROOT = {"root_fs": "btrfs", "kernel_cmdline": "root=/dev/sda3 ro quiet"}

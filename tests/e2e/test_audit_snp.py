@@ -12,7 +12,7 @@ import pytest
 
 from gpuhost.audit.plugin import Target, _runner, _testinfra_host
 from gpuhost.audit.run import audit_all, read_host
-from gpuhost.inventory import load_inventory
+from gpuhost.spec.inventory import load_inventory
 from tests.e2e.conftest import deploy, inventory, with_driver
 from tests.e2e.test_audit_twin import ct_config, put
 from twin import driver as twin_driver

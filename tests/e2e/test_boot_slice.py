@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.inventory import load_inventory
+from gpuhost.spec.inventory import load_inventory
 from tests.e2e.conftest import PYINFRA, ROOT, deploy, inventory, manifest, with_driver
 
 # The shipped inventory's spec: the twin of kpro6 gets exactly what the real host would.

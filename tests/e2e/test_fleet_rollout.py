@@ -51,7 +51,7 @@ def fleet_inventory(path: Path, twins: list[TwinHandle], store: Path) -> Path:
         "ssh_strict_host_key_checking='yes', gpuhost_reboot_delay=1)"
         for t in twins
     )
-    path.write_text(f"from gpuhost.inventory import gpu_host\nhosts = [{hosts}]\n")
+    path.write_text(f"from gpuhost.spec.inventory import gpu_host\nhosts = [{hosts}]\n")
     return path
 
 

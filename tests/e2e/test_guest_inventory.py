@@ -1,5 +1,5 @@
 """Guests as inventory: a twin's containers and VMs, listed through proxmoxer (pvesh as root over
-SSH with the host key verified, gpuhost/pvessh.py), become pyinfra hosts named after the guests;
+SSH with the host key verified, gpuhost/pve/ssh.py), become pyinfra hosts named after the guests;
 a host whose key the inventory's known_hosts lacks is refused."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import InventoryError
 
-from gpuhost.guestinventory import GUEST_KEY, guests_of
-from gpuhost.inventory import load_inventory
+from gpuhost.pve.guests import GUEST_KEY, guests_of
+from gpuhost.spec.inventory import load_inventory
 from tests.e2e.conftest import PYINFRA, ROOT, inventory
 from twin.pytest_plugin import TwinHandle
 
@@ -66,7 +66,7 @@ def test_a_nodes_guests_become_hosts_with_their_spec(fresh, tmp_path: Path) -> N
     # the CLI addresses the container by name: --limit ct200 runs on the guest alone
     inv.write_text(
         inv.read_text()
-        + "from gpuhost.guestinventory import guests_of\n"
+        + "from gpuhost.pve.guests import guests_of\n"
         + "guests = [g for g in guests_of(hosts[0]) if g[0] == 'ct200']\n"
     )
     rc, _, err = twin.run("pct start 200")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.inventory import load_inventory
+from gpuhost.spec.inventory import load_inventory
 from tests.e2e.conftest import PYINFRA, ROOT, Deploy, with_driver
 from twin import cudarepo
 from twin.pytest_plugin import TwinHandle
@@ -55,8 +55,8 @@ def quote(text: str) -> str:
 
 def write_inventory(path: Path, twin: TwinHandle, spec: dict) -> None:
     path.write_text(
-        "from gpuhost.inventory import gpu_host\n"
-        "from gpuhost.guestinventory import guests_of\n"
+        "from gpuhost.spec.inventory import gpu_host\n"
+        "from gpuhost.pve.guests import guests_of\n"
         f"hosts = [gpu_host({twin.name!r}, {spec!r}, ssh_hostname={twin.address!r}, "
         f"ssh_user='root', ssh_key={str(twin.key)!r}, ssh_known_hosts_file={str(twin.known_hosts)!r}, "
         "ssh_strict_host_key_checking='yes')]\n"

@@ -1,5 +1,5 @@
 """A kernel that lacks what the host needs from Proxmox's packaging is refused before it is
-installed (deploys/kernel.py, gpuhost/kernelfeatures.py), on kpro6 twins whose root is on ZFS as
+installed (deploys/kernel.py, gpuhost/build/features.py), on kpro6 twins whose root is on ZFS as
 the Proxmox installer leaves a UEFI ZFS install (root=ZFS=rpool/ROOT/pve-1, examples/kpro6-facts):
 a stored `make bindeb-pkg`-style package without zfs.ko, and one installed by hand."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from gpuhost.artifacts import ArtifactKey, ArtifactStore
 from gpuhost.audit.gate import run_gate
-from gpuhost.inventory import load_inventory
+from gpuhost.build.artifacts import ArtifactKey, ArtifactStore
+from gpuhost.spec.inventory import load_inventory
 from tests.e2e.conftest import deploy, inventory, manifest
 from tests.e2e.reprovision import GCC, OLD, fresh_kpro6
 from tests.e2e.test_audit_twin import ct_config, put

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.inventory import load_inventory
+from gpuhost.spec.inventory import load_inventory
 from tests.e2e.conftest import PYINFRA, ROOT, deploy, inventory, with_driver
 from twin import processes
 

@@ -3,7 +3,7 @@
 The pyinfra process is SIGKILLed right after the trial reboot went out (the twin's boot id
 changed), before the run could reconnect and gate the new kernel. The host is then on the trial
 kernel, unpinned, with its trial record: the next run must see that from the host alone
-(gpuhost/trialstate.py: record + running kernel + boot id), run the gate and commit without
+(gpuhost/plan/trial/state.py: record + running kernel + boot id), run the gate and commit without
 another reboot, and the run after that changes nothing. Killed earlier, after the one-shot was
 set but before the reboot, the next run starts the trial over (the one-shot is set again) and
 ends the same way.

@@ -136,7 +136,7 @@ def test_gpu_moves_and_the_guest_deploy_converge_on_pve9(
 
     # The guest deploy in the Debian 13 container: NVIDIA's debian13 repository (a stand-in
     # laid out where NVIDIA's is, carrying what NVIDIA's does: the 13.x toolkits, no 12.x, as
-    # gpuhost/cudarepos.py PUBLISHED cites), its two toolkits side by side, a venv on Python 3.13.
+    # gpuhost/guestsw/cudarepos.py PUBLISHED cites), its two toolkits side by side, a venv on Python 3.13.
     repo = cudarepo.build(tmp_path / "cuda", ["13.0", "13.1"])
     old = cudarepo.build(tmp_path / "old", ["12.8", "13.0"])  # debian12's, for Debian 12 guests
     weak = cudarepo.build(tmp_path / "weak", ["13.0"], cert_digest="SHA1")  # bound as 3bf863cc

@@ -45,7 +45,7 @@ def test_the_cli_and_guests_as_inventory_under_python313(
 ) -> None:
     """`gpuhost plan` reads the live twin, the main deploy's change detection (--dry) runs every
     fact and operation, and the guests listed through proxmoxer over verified SSH (paramiko,
-    gpuhost/pvessh.py; the openssh backend imported `pipes`, gone in 3.13) are hosts."""
+    gpuhost/pve/ssh.py; the openssh backend imported `pipes`, gone in 3.13) are hosts."""
     twin = fresh("kpro6")
     spec = {
         **SPEC,
@@ -60,7 +60,7 @@ def test_the_cli_and_guests_as_inventory_under_python313(
     guests = tmp_path / "guests.py"
     guests.write_text(
         host.read_text()
-        + "from gpuhost.guestinventory import guests_of\n"
+        + "from gpuhost.pve.guests import guests_of\n"
         + "guests = [g for g in guests_of(hosts[0]) if g[0] == 'ct200']\n"
     )
     put(twin, "/etc/pve/lxc/200.conf", CT200)

@@ -166,7 +166,7 @@ def test_a_daemon_that_started_without_the_gpu_is_restarted_for_it(deployed) -> 
     """nvidia-persistenced builds its table at start: a GPU then on vfio-pci is unknown to it,
     and `nvidia-smi -pm 1` fails for it until the daemon restarts (twin/nvinstaller.py). The
     move back resets each function first, while vfio-pci still has it (board a1 lists FLR)."""
-    from gpuhost.userspaceplan import PERSISTENCED_UNIT, persistenced_unit
+    from gpuhost.plan.driver.userspace import PERSISTENCED_UNIT, persistenced_unit
     from twin import hwsim
 
     twin, inv = deployed

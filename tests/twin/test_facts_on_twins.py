@@ -8,7 +8,7 @@ import re
 import pytest
 
 from facts.kernel import parse_char_devices
-from gpuhost.hostfacts import gather, parse_raw, read_snapshot
+from gpuhost.observe.hostfacts import gather, parse_raw, read_snapshot
 from twin import driver
 from twin.profile import load_profile
 from twin.pytest_plugin import TwinHandle

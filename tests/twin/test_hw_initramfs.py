@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.vfioplan import INITRAMFS_HOOK, MODPROBE_CONF, VfioBinding, modprobe_conf
+from gpuhost.plan.guests.vfio import INITRAMFS_HOOK, MODPROBE_CONF, VfioBinding, modprobe_conf
 from twin import boot_modules
 from twin import hwtesting as ht
 from twin.hwsim.catalog import MODULE_DIRS

@@ -6,7 +6,7 @@ both must say "install" (the command runs) or "insmod" (the module is inserted, 
 
 The gpuhost vfio claim is one of the cases: with a module that declares a softdep kmod can
 resolve, an install line alone is ignored (the claim would not run), and gpuhost's
-gpuhost-vfio.conf (gpuhost/vfioplan.py) makes it run.
+gpuhost-vfio.conf (gpuhost/plan/guests/vfio.py) makes it run.
 
 Each case is put to two real kmods: this machine's (Debian 12's kmod 30, PVE 8) and Debian 13's
 (kmod 34, PVE 9), run chrooted into the twin's trixie base over the same tree.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.driverbuild import kmod_tool
-from gpuhost.vfioplan import VfioBinding, modprobe_conf
+from gpuhost.build.driver import kmod_tool
+from gpuhost.plan.guests.vfio import VfioBinding, modprobe_conf
 from twin import hwsim
 from twin import hwtesting as ht
 from twin.modbuild import in_sysroot

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from gpuhost.driverbuild import modinfo
+from gpuhost.build.driver import modinfo
 
 # The stand-in NVIDIA tree and this machine's Debian kernel headers (their build directories).
 DRIVER_TREE = Path(__file__).parents[1] / "fixtures/driver-src/open-gpu-kernel-modules"

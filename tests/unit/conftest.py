@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.driverbuild import BuiltModule, build_modules
-from gpuhost.hostfacts import HostFacts, parse_raw, read_snapshot
+from gpuhost.build.driver import BuiltModule, build_modules
+from gpuhost.observe.hostfacts import HostFacts, parse_raw, read_snapshot
 from tests.unit.buildtools import DRIVER_TREE, HEADERS, missing_module_build
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

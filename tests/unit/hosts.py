@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpuhost.hostfacts import HostFacts, parse_raw
+from gpuhost.observe.hostfacts import HostFacts, parse_raw
 from tests.unit.conftest import proxmox, snapshot
 
 KPRO6_SLOTS = ["01", "21", "41", "61", "81", "a1", "c1", "e1"]  # one root port each

@@ -18,7 +18,7 @@ from facts.kernel import parse_nvidia_modules
 from facts.nvidia import parse_fabricmanager, parse_firmware_files, parse_userspace
 from gpuhost.audit.observe import READ_SINCE_CAPTURES, host_command, in_container, observe_host
 from gpuhost.audit.run import audit_all, read_host
-from gpuhost.inventory import load_inventory
+from gpuhost.spec.inventory import load_inventory
 
 RUN = Path(__file__).parents[1] / "fixtures/captures/h200x1-audit-run"
 WRONG = "tests/fixtures/inventories/audit/h200_wrong.py"

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
-from gpuhost.boardholders import holders
-from gpuhost.guestdevices import planned_minors
-from gpuhost.plan import GpuAssignment
-from gpuhost.split import Owner
+from gpuhost.plan.guests.boardholders import holders
+from gpuhost.plan.guests.devices import planned_minors
+from gpuhost.plan.guests.split import Owner
+from gpuhost.plan.make import GpuAssignment
 from tests.unit.test_ctplan import facts
 
 CT = Owner("lxc", 200, "ct200")

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from facts.containers import PackageVersion
-from gpuhost.hostfacts import parse_raw, read_snapshot
+from gpuhost.observe.hostfacts import parse_raw, read_snapshot
 from tests.unit.conftest import FIXTURES
 
 

@@ -5,13 +5,13 @@ import sys
 from pathlib import Path
 
 from gpuhost.cli import main
-from gpuhost.hostfacts import FACTS, write_snapshot
+from gpuhost.observe.hostfacts import FACTS, write_snapshot
 from tests.unit.conftest import FIXTURES
 from tests.unit.hosts import kpro6_raw
 
 ROOT = Path(__file__).parents[2]
 H200_INVENTORY = """
-from gpuhost.inventory import gpu_host
+from gpuhost.spec.inventory import gpu_host
 gpu_hosts = [gpu_host("h200", ssh_hostname="192.0.2.1", spec={
     "kernel": {"version": "6.8.12-9-pve"}, "driver": {"version": "580.159.04"},
     "guests": [{"kind": "lxc", "ctid": 200, "name": "ct200", "gpus": [0]},

@@ -1,4 +1,4 @@
-"""GPU container entries (gpuhost/ctplan.py): devN vs raw, live majors, ownership, refusals, and
+"""GPU container entries (gpuhost/plan/guests/containers.py): devN vs raw, live majors, ownership, refusals, and
 the raw edit that touches only gpuhost's lines; the config backup helper."""
 
 from __future__ import annotations
@@ -9,11 +9,17 @@ import hashlib
 import pytest
 
 from facts.containers import parse_container_states, parse_package_version
-from gpuhost.ctplan import edit_raw, plan_containers, raw_lines, record_path, restart_marker
-from gpuhost.guestbackup import backup_command, config_path
-from gpuhost.hostfacts import HostFacts
-from gpuhost.plan import make_plan
-from gpuhost.spec import HostSpec
+from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.plan.guests.containers import (
+    edit_raw,
+    plan_containers,
+    raw_lines,
+    record_path,
+    restart_marker,
+)
+from gpuhost.plan.make import make_plan
+from gpuhost.pve.backup import backup_command, config_path
+from gpuhost.spec.host import HostSpec
 from tests.unit.hosts import kpro6
 
 KPRO6 = {"kernel": {"version": "6.8.12-9-pve"}, "driver": {"version": "580.95.05"}}
@@ -196,7 +202,7 @@ def test_devn_is_refused_without_pve_container_5_0_7() -> None:
 
 
 def test_the_refusal_stops_the_whole_plan() -> None:
-    from gpuhost.plan import PlanError
+    from gpuhost.plan.make import PlanError
 
     with pytest.raises(PlanError, match="devices = 'devN'"):
         make_plan("kpro6", spec(), facts(pve="ii  5.0.6"))

@@ -9,7 +9,7 @@ import pytest
 
 from facts._parse import UnparsedOutput
 from facts.guestsoft import parse_guest
-from gpuhost.cudarepos import (
+from gpuhost.guestsw.cudarepos import (
     GPGV,
     SQV,
     SQV_POLICY,
@@ -19,8 +19,8 @@ from gpuhost.cudarepos import (
     repo_problems,
     sqv_refuses,
 )
-from gpuhost.guestfiles import sources
-from gpuhost.guestplan import SOURCES, make_guest_plan
+from gpuhost.guestsw.files import sources
+from gpuhost.guestsw.plan import SOURCES, make_guest_plan
 from tests.unit.test_guestplan import CONTROL, facts, guest, problems
 
 KEYS = Path(__file__).parents[1] / "fixtures" / "keys"

@@ -1,11 +1,11 @@
-"""Reading a .deb's control fields on the control machine (gpuhost/debinfo.py), on real
+"""Reading a .deb's control fields on the control machine (gpuhost/build/debinfo.py), on real
 packages built by dpkg-deb (the twin's fabric manager stand-in, twin/fabricmanager.py)."""
 
 import shutil
 
 import pytest
 
-from gpuhost.debinfo import DebError, control_fields
+from gpuhost.build.debinfo import DebError, control_fields
 from twin.fabricmanager import build_fabricmanager, deb_name
 
 pytestmark = pytest.mark.skipif(not shutil.which("dpkg-deb"), reason="needs dpkg-deb")

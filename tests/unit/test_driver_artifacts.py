@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhost.artifacts import ArtifactError, ArtifactKey, ArtifactStore
-from gpuhost.driverbuild import MODULES, build_command, source_version
+from gpuhost.build.artifacts import ArtifactError, ArtifactKey, ArtifactStore
+from gpuhost.build.driver import MODULES, build_command, source_version
 from tests.unit.buildtools import DRIVER_TREE as TREE
 
 

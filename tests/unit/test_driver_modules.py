@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from facts.driver_install import PENDING, parse_build_resources, parse_module_hashes
-from gpuhost.artifacts import ArtifactStore
-from gpuhost.driverbuild import MODULES, build_modules
-from gpuhost.driverplan import DriverModules
-from gpuhost.driverstore import (
+from gpuhost.build.artifacts import ArtifactStore
+from gpuhost.build.driver import MODULES, build_modules
+from gpuhost.build.driverstore import (
     DriverModulesError,
     build_on_control,
     check_built,
@@ -23,8 +22,9 @@ from gpuhost.driverstore import (
     source_tarball,
     store_built,
 )
-from gpuhost.plan import make_plan
-from gpuhost.spec import HostSpec
+from gpuhost.plan.driver.modules import DriverModules
+from gpuhost.plan.make import make_plan
+from gpuhost.spec.host import HostSpec
 from tests.unit.buildtools import missing_module_build
 from tests.unit.hosts import kpro6
 

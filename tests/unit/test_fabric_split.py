@@ -6,7 +6,7 @@ four NVSwitches), printed in PciDevices' own line format so they go through the 
 
 from __future__ import annotations
 
-from gpuhost.plan import make_plan
+from gpuhost.plan.make import make_plan
 from tests.unit.hosts import kpro6, kpro6_raw, pci_lines
 from tests.unit.test_plan import KPRO6, host, lxc, refused, vm
 from twin.profile import load_profile

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.hostfacts import ADDED_LATER, FACTS, capture_script, fact_command
+from gpuhost.observe.hostfacts import ADDED_LATER, FACTS, capture_script, fact_command
 from tests.unit.conftest import FIXTURES, MACHINES
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from facts._parse import UnparsedOutput
 from facts.boot import BootPath, BootPathInfo, decode_efivar, parse_boot_path
-from gpuhost.hostfacts import ADDED_LATER, FACTS, parse_raw
+from gpuhost.observe.hostfacts import ADDED_LATER, FACTS, parse_raw
 from tests.unit.conftest import proxmox, snapshot
 
 

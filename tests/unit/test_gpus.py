@@ -1,9 +1,9 @@
-"""GPU facts by PCI device id, from a table (sources in gpuhost/gpus.py)."""
+"""GPU facts by PCI device id, from a table (sources in gpuhost/observe/gpus.py)."""
 
 import pytest
 
 from facts.nvidia import parse_gpu_query
-from gpuhost.gpus import (
+from gpuhost.observe.gpus import (
     AUDIO,
     GPUS,
     architecture,

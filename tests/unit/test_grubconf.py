@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from gpuhost.grubconf import (
+from gpuhost.plan.boot.grub import (
     DEFAULTS,
     DROPIN,
     DROPIN_DIR,

@@ -18,8 +18,9 @@ from facts.guestsoft import (
     parse_guest,
 )
 from facts.nvidia import DriverVersion
-from gpuhost.cudarepos import GuestOs
-from gpuhost.guestplan import (
+from gpuhost.guestsw.cudarepos import GuestOs
+from gpuhost.guestsw.indexconf import IndexConfig, control_indexes
+from gpuhost.guestsw.plan import (
     KEYRING,
     PROFILE,
     SOURCES,
@@ -30,9 +31,8 @@ from gpuhost.guestplan import (
     max_jobs,
     planned_paths,
 )
-from gpuhost.guestrender import render_guest_plan
-from gpuhost.indexconf import IndexConfig, control_indexes
-from gpuhost.spec_guests import LxcGuest
+from gpuhost.guestsw.render import render_guest_plan
+from gpuhost.spec.guests import LxcGuest
 
 GIB = 1 << 30
 DEBIAN12 = GuestOs("debian", "12", "Debian GNU/Linux 12 (bookworm)")

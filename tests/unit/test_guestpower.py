@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from facts.proxmox import parse_guest_lists, parse_pve_configs
-from gpuhost.guestpower import (
+from gpuhost.plan.guests.power import (
     Startup,
     StartupFormatError,
     guests_from_configs,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.hostfacts import ADDED_LATER, FACTS, parse_raw, read_snapshot
+from gpuhost.observe.hostfacts import ADDED_LATER, FACTS, parse_raw, read_snapshot
 from tests.unit.conftest import FIXTURES, snapshot
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import InventoryError
 
-from gpuhost.inventory import (
+from gpuhost.spec.host import HostSpec
+from gpuhost.spec.inventory import (
     CHECK_GROUP,
     SOURCE_KEY,
     SPEC_KEY,
@@ -21,7 +22,6 @@ from gpuhost.inventory import (
     load_hosts,
     load_inventory,
 )
-from gpuhost.spec import HostSpec
 
 ROOT = Path(__file__).parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "inventories"
@@ -31,7 +31,7 @@ GOOD_FILES = sorted((FIXTURES / "good").glob("*.py"))
 SECRET = "hunter2"
 INVENTORY = """
 import runpy
-from gpuhost.inventory import gpu_host
+from gpuhost.spec.inventory import gpu_host
 CASES = {{c[0]: c[1] for c in runpy.run_path({fixture!r})["CASES"]}}
 gpu_hosts = [gpu_host("kpro6", CASES[{case!r}], ssh_hostname="192.0.2.1", ssh_password={secret!r})]
 """
@@ -175,7 +175,7 @@ def test_a_trailing_newline_is_refused_everywhere(field: str, value: str) -> Non
     assert node[key] == value  # type: ignore[index]
     node[key] = value + "\n"  # type: ignore[index]
     with pytest.raises(SpecError) as info:
-        load = __import__("gpuhost.inventory", fromlist=["validate_spec"]).validate_spec
+        load = __import__("gpuhost.spec.inventory", fromlist=["validate_spec"]).validate_spec
         load("inventory/x.py", "kpro6", spec)
     assert "a newline" in str(info.value) or "'\\n'" in str(info.value)
 

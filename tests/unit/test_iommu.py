@@ -1,11 +1,11 @@
-"""IOMMU parameters: what gpuhost writes and what it refuses (rules in gpuhost/iommu.py)."""
+"""IOMMU parameters: what gpuhost writes and what it refuses (rules in gpuhost/plan/boot/iommu.py)."""
 
 from typing import Any
 
 import pytest
 
 from facts.kernel import KernelCmdline
-from gpuhost.iommu import plan_iommu
+from gpuhost.plan.boot.iommu import plan_iommu
 from tests.unit.conftest import captured
 
 GRUB = "/etc/default/grub:9"

@@ -1,12 +1,12 @@
-"""Which stored kernel a host installs (gpuhost.kernelstore), on a real store directory."""
+"""Which stored kernel a host installs (gpuhost.build.kernelstore), on a real store directory."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuhost.artifacts import ArtifactKey, ArtifactStore
-from gpuhost.kernelfeatures import package_features
-from gpuhost.kernelstore import (
+from gpuhost.build.artifacts import ArtifactKey, ArtifactStore
+from gpuhost.build.features import package_features
+from gpuhost.build.kernelstore import (
     KernelStoreError,
     installed_problem,
     plan_install,

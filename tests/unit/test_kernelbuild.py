@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.artifacts import ArtifactKey, ArtifactStore
-from gpuhost.buildcmd import build_for, recipe_for
-from gpuhost.cli import main
-from gpuhost.inventory import SpecError, validate_spec
-from gpuhost.kernelbuild import (
+from gpuhost.build.artifacts import ArtifactKey, ArtifactStore
+from gpuhost.build.command import build_for, recipe_for
+from gpuhost.build.kernel import (
     GIB,
     BuildResult,
     KernelBuildError,
@@ -36,7 +34,9 @@ from gpuhost.kernelbuild import (
     source_tree,
     tree_version,
 )
-from gpuhost.spec import HostSpec
+from gpuhost.cli import main
+from gpuhost.spec.host import HostSpec
+from gpuhost.spec.inventory import SpecError, validate_spec
 
 BUILD = {
     "version": "6.14.8-2-bpo12-pve",
@@ -206,7 +206,7 @@ def test_gpuhost_build_refusals(tmp_path):
 def test_gpuhost_build_says_what_is_wrong_with_a_tree(tmp_path, capsys):
     inventory = tmp_path / "inv.py"
     inventory.write_text(
-        "from gpuhost.inventory import gpu_host\n"
+        "from gpuhost.spec.inventory import gpu_host\n"
         "gpu_hosts = [gpu_host('kb', ssh_hostname='192.0.2.1', spec={\n"
         f"    'kernel': {{'version': '6.14.8-2-bpo12-pve', 'source': 'build', "
         f"'build': {{'repo': '{tmp_path}/empty'}}}},\n"
@@ -272,7 +272,7 @@ def test_a_second_build_of_the_same_inputs_waits_for_the_first_and_finds_it(tmp_
 def test_gpuhost_build_on_a_build_host_says_what_it_did(tmp_path, monkeypatch):
     """What `gpuhost build` sends the build host and prints from its answer (the real build
     over SSH: tests/build/test_build_host.py)."""
-    from gpuhost import buildcmd
+    from gpuhost.build import command as buildcmd
 
     sent, disconnected = [], []
 

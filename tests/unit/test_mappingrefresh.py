@@ -7,10 +7,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from gpuhost.mappingrefresh import SCRIPT, UNIT, WANTS, refresh_command
-from gpuhost.plan import make_plan
-from gpuhost.spec import HostSpec
-from gpuhost.vmplan import PciMapping
+from gpuhost.plan.guests.mappings import SCRIPT, UNIT, WANTS, refresh_command
+from gpuhost.plan.guests.vms import PciMapping
+from gpuhost.plan.make import make_plan
+from gpuhost.spec.host import HostSpec
 from tests.unit.hosts import kpro6
 
 KPRO6 = {"kernel": {"version": "6.14.8-2-bpo12-pve"}, "driver": {"version": "595.71.05"}}

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from facts.nvidia import parse_gpu_query, parse_p2p, parse_topology
-from gpuhost.p2p import plan_p2p
+from gpuhost.plan.p2p import plan_p2p
 from tests.unit.conftest import captured
 
 A, B = "0000:00:06.0", "0000:00:07.0"

@@ -39,7 +39,7 @@ def test_the_product_never_imports_the_simulator() -> None:
 
 def test_the_product_distribution_does_not_ship_the_simulator() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = project["tool"]["setuptools"]["packages"]
+    packages = project["tool"]["setuptools"]["packages"]["find"]["include"]
     assert {p.split(".")[0] for p in packages} == set(PRODUCT)
     assert not any(p == "twin" or p.startswith("twin.") for p in packages)
     assert not (ROOT / "twin").exists()

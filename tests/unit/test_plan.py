@@ -5,9 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from gpuhost.plan import HOST, Owner, PlanError, make_plan
-from gpuhost.render import render_plan
-from gpuhost.spec import HostSpec
+from gpuhost.plan.make import HOST, Owner, PlanError, make_plan
+from gpuhost.plan.render import render_plan
+from gpuhost.spec.host import HostSpec
 from tests.unit.hosts import h200x2 as h200x2_facts
 from tests.unit.hosts import kpro6, kpro6_raw
 

@@ -3,12 +3,12 @@ renderer, never a reason to refuse the plan (no deploy runs it yet)."""
 
 import pytest
 
-from gpuhost.bootconf import KERNEL_CMDLINE
-from gpuhost.plan import PlanError, make_plan
-from gpuhost.render import render_plan
-from gpuhost.spec import HostSpec
-from gpuhost.trialentry import TRIAL_ENTRY
-from gpuhost.trialstate import RECORD, Step
+from gpuhost.plan.boot.cmdline import KERNEL_CMDLINE
+from gpuhost.plan.make import PlanError, make_plan
+from gpuhost.plan.render import render_plan
+from gpuhost.plan.trial.entry import TRIAL_ENTRY
+from gpuhost.plan.trial.state import RECORD, Step
+from gpuhost.spec.host import HostSpec
 from tests.unit.conftest import proxmox
 from tests.unit.hosts import kpro6
 

@@ -1,18 +1,18 @@
 """A run's preconditions: what it needs from the control machine, read there and judged while
-planning (gpuhost/controlfacts.py, gpuhost/preconditions.py), on kpro6-shaped facts."""
+planning (gpuhost/control.py, gpuhost/plan/preconditions.py), on kpro6-shaped facts."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from gpuhost.artifacts import ArtifactKey, ArtifactStore
-from gpuhost.controlfacts import read_control
-from gpuhost.driverplan import MODULES_KIND
-from gpuhost.inventory import load_hosts
-from gpuhost.plan import make_plan
-from gpuhost.render import render_plan
-from gpuhost.spec import HostSpec
+from gpuhost.build.artifacts import ArtifactKey, ArtifactStore
+from gpuhost.control import read_control
+from gpuhost.plan.driver.modules import MODULES_KIND
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.render import render_plan
+from gpuhost.spec.host import HostSpec
+from gpuhost.spec.inventory import load_hosts
 from tests.unit.hosts import kpro6
 from tests.unit.test_driver_modules import KPRO6_COMPILERS, TREE
 
@@ -139,7 +139,7 @@ def test_a_plan_made_without_the_control_machine_says_not_checked() -> None:
 def test_an_unreachable_build_host_fails_the_kernel_precondition(tmp_path: Path) -> None:
     inv = tmp_path / "site.py"
     inv.write_text(
-        "from gpuhost.inventory import build_host, gpu_host\n"
+        "from gpuhost.spec.inventory import build_host, gpu_host\n"
         "SPEC = {'kernel': {'version': '6.14.8-2-bpo12-pve', 'source': 'build', "
         "'build': {'repo': '/src'}}, 'driver': {'version': '595.71.05'}, "
         "'artifacts': {'build_host': 'builder'}}\n"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.pveapi import ApiTokenError, read_token
-from gpuhost.spec_proxmox import ProxmoxApiSpec
+from gpuhost.pve.api import ApiTokenError, read_token
+from gpuhost.spec.proxmox import ProxmoxApiSpec
 
 SECRET = "0b5e9a4c-1f2d-4e6a-9c3b-7d8e1f2a3b4c"
 

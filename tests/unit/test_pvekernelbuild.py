@@ -1,5 +1,5 @@
 """Which trees take the Proxmox packaging path, and what it refuses before anything is prepared
-(gpuhost.pvekernelbuild); make reads the stand-in's real Makefile, nothing is compiled."""
+(gpuhost.build.pvekernel); make reads the stand-in's real Makefile, nothing is compiled."""
 
 from __future__ import annotations
 
@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.artifacts import ArtifactStore
-from gpuhost.kernelbuild import CLONE_OPTIONS, KernelBuildError, KernelRecipe, build, plain_pve_note
-from gpuhost.pvekernelbuild import is_pve_tree, tree_variables, verify
+from gpuhost.build.artifacts import ArtifactStore
+from gpuhost.build.kernel import (
+    CLONE_OPTIONS,
+    KernelBuildError,
+    KernelRecipe,
+    build,
+    plain_pve_note,
+)
+from gpuhost.build.pvekernel import is_pve_tree, tree_variables, verify
 from tests.build.pvekernel_standin import write_standin
 from tests.kerneldebs import headers_deb, kernel_deb
 

@@ -11,7 +11,7 @@ import pytest
 
 from facts.boot import BootPath
 from facts.compilers import KernelCompilers
-from gpuhost.toolchain import choose_module_compiler
+from gpuhost.plan.driver.toolchain import choose_module_compiler
 from tests.unit.conftest import captured
 
 KERNEL = "6.18.44-fc-v973-gpu"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from deploys.reboot import misbound_after_boot
-from gpuhost.plan import make_plan
+from gpuhost.plan.make import make_plan
 from tests.unit.hosts import kpro6
 from tests.unit.test_vfioplan import FUNCTIONS, vm_spec
 

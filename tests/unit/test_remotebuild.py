@@ -1,4 +1,4 @@
-"""What `gpuhost build` uploads to a build host (gpuhost/remotebuild.py): the five modules are all
+"""What `gpuhost build` uploads to a build host (gpuhost/build/remote.py): the five modules are all
 the build needs (standard library only), and its answers are one JSON line. The real build over
 SSH is tests/build/test_build_host.py."""
 
@@ -10,15 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuhost import buildhost, remotebuild
+from gpuhost.build import host as buildhost
+from gpuhost.build import remote as remotebuild
 
-PACKAGE = Path(remotebuild.__file__).parent
+PACKAGE = Path(remotebuild.__file__).parents[1]  # gpuhost/
 
 
 def uploaded(tmp_path: Path) -> Path:
     """A directory holding what upload_builder() puts on a build host, and nothing else."""
     (tmp_path / "gpuhost").mkdir()
     for name in remotebuild.MODULES:
+        (tmp_path / "gpuhost" / name).parent.mkdir(exist_ok=True)
         shutil.copy(PACKAGE / name, tmp_path / "gpuhost" / name)
     return tmp_path
 
@@ -27,7 +29,7 @@ def run_there(base: Path, request: dict) -> subprocess.CompletedProcess:
     # -I: isolated, as on a build host with no gpuhost installed (no site-packages, no cwd
     # from PYTHONPATH); the uploaded directory is the only place gpuhost can come from.
     code = "import sys; sys.path.insert(0, sys.argv.pop(1)); import runpy; "
-    code += "runpy.run_module('gpuhost.remotebuild', run_name='__main__')"
+    code += "runpy.run_module('gpuhost.build.remote', run_name='__main__')"
     return subprocess.run(
         [sys.executable, "-I", "-S", "-c", code, str(base), remotebuild.encode(request)],
         capture_output=True,
@@ -68,6 +70,7 @@ def test_requests_travel_as_one_shell_safe_word():
 def test_the_code_version_changes_with_any_uploaded_module(tmp_path, monkeypatch):
     before = buildhost.code_version()
     copy = uploaded(tmp_path) / "gpuhost"
-    (copy / "grammar.py").write_text((copy / "grammar.py").read_text() + "\n# changed\n")
+    grammar = copy / "spec" / "grammar.py"
+    grammar.write_text(grammar.read_text() + "\n# changed\n")
     monkeypatch.setattr(buildhost, "PACKAGE_DIR", copy)
     assert buildhost.code_version() != before

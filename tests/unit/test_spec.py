@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.inventory import SpecError, gpu_host, load_inventory, validate_spec
-from gpuhost.spec import HostSpec
+from gpuhost.spec.host import HostSpec
+from gpuhost.spec.inventory import SpecError, gpu_host, load_inventory, validate_spec
 
 BASE = {"kernel": {"version": "6.8.12-9-pve"}, "driver": {"version": "580.159.04"}}
 ROOT = Path(__file__).parents[2]

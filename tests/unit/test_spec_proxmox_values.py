@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhost.grammar import machine_is_q35
-from gpuhost.inventory import SpecError, validate_spec
-from gpuhost.iommu import plan_iommu
+from gpuhost.plan.boot.iommu import plan_iommu
+from gpuhost.spec.grammar import machine_is_q35
+from gpuhost.spec.inventory import SpecError, validate_spec
 
 BASE = {"kernel": {"version": "6.8.12-9-pve"}, "driver": {"version": "580.95.05"}}
 

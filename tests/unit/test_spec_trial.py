@@ -2,8 +2,8 @@
 
 import pytest
 
-from gpuhost.inventory import SpecError, validate_spec
-from gpuhost.spec import HostSpec
+from gpuhost.spec.host import HostSpec
+from gpuhost.spec.inventory import SpecError, validate_spec
 
 BASE = {"driver": {"version": "580.159.04"}}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from facts.compilers import KernelCompilers, parse_compilers
-from gpuhost.toolchain import (
+from gpuhost.plan.driver.toolchain import (
     GIB,
     Compiler,
     ToolchainError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from facts.cuda import DEFAULT_SIZES
 from gpuhost.audit.gate import GATE, run_gate
-from gpuhost.inventory import load_inventory
+from gpuhost.spec.inventory import load_inventory
 from tests.unit.test_audit_replay import WRONG, replay
 
 

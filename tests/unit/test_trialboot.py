@@ -10,16 +10,16 @@ import pytest
 
 from facts.boot import parse_boot_path
 from facts.proxmox import parse_boot_tool_status
-from gpuhost.trialboot import TrialBoot, plan_trial_boot
-from gpuhost.trialentry import TRIAL_ENTRY
-from gpuhost.trialesp import ESP_MOUNTS, grub_entry, on_esp, systemd_boot_entry
-from gpuhost.trialgrub import (
+from gpuhost.plan.trial.boot import TrialBoot, plan_trial_boot
+from gpuhost.plan.trial.entry import TRIAL_ENTRY
+from gpuhost.plan.trial.esp import ESP_MOUNTS, grub_entry, on_esp, systemd_boot_entry
+from gpuhost.plan.trial.grub import (
     GRUB_TRIAL_ID,
     GRUB_TRIAL_SCRIPT,
     grub_trial_options,
     grub_trial_script,
 )
-from gpuhost.trialparams import TRIAL_MARK, panic_sysctls, settle_commands
+from gpuhost.plan.trial.params import TRIAL_MARK, panic_sysctls, settle_commands
 from tests.unit.conftest import proxmox
 
 OLD, NEW = "6.8.12-9-pve", "6.14.8-2-bpo12-pve"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhost.trialstate import RECORD, Step, TrialRecord, failed_message, next_step
+from gpuhost.plan.trial.state import RECORD, Step, TrialRecord, failed_message, next_step
 
 OLD, NEW = "6.8.12-9-pve", "6.14.8-2-bpo12-pve"
 RECORDED = TrialRecord(kernel=NEW, previous=OLD, boot_id="b-1", deadline_s=1200, method="grub-esp")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import InventoryError
 
-from gpuhost.inventory import load_inventory
+from gpuhost.spec.inventory import load_inventory
 from twin import node
 
 INVENTORY = Path(__file__).parents[2] / "inventory/twin.py"

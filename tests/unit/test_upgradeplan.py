@@ -5,9 +5,9 @@ import pytest
 
 from facts._parse import UnparsedOutput
 from facts.release import HostRelease, parse_release
-from gpuhost.hostfacts import HostFacts
-from gpuhost.plan import PlanError, make_plan
-from gpuhost.spec import HostSpec
+from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.plan.make import PlanError, make_plan
+from gpuhost.spec.host import HostSpec
 from tests.unit.hosts import kpro6
 
 # What the upgraded kpro6 twin's fact commands print (os-release, dpkg-query, the configs).

@@ -15,10 +15,10 @@ from deploys import context, userspace
 from facts._parse import UnparsedOutput
 from facts.driver_install import DriverUserspace, parse_userspace_state
 from facts.snapshot import split_combined
-from gpuhost.inventory import describe
-from gpuhost.plan import PlanError, make_plan
-from gpuhost.spec import HostSpec
-from gpuhost.userspaceplan import PERSISTENCED_UNIT, PERSISTENCED_WANTS
+from gpuhost.plan.driver.userspace import PERSISTENCED_UNIT, PERSISTENCED_WANTS
+from gpuhost.plan.make import PlanError, make_plan
+from gpuhost.spec.host import HostSpec
+from gpuhost.spec.inventory import describe
 from tests.unit.hosts import kpro6, kpro6_raw, pci_lines
 from tests.unit.test_operations import FakeHost
 

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.plan import make_plan
-from gpuhost.spec import HostSpec
-from gpuhost.vfioplan import (
+from gpuhost.plan.guests.vfio import (
     CLAIM_SCRIPT,
     CLAIM_UNIT,
     CLAIM_WANTS,
@@ -23,7 +21,9 @@ from gpuhost.vfioplan import (
     misbound,
     plan_vfio,
 )
-from gpuhost.vfioplan import modprobe_conf as modprobe_conf_text
+from gpuhost.plan.guests.vfio import modprobe_conf as modprobe_conf_text
+from gpuhost.plan.make import make_plan
+from gpuhost.spec.host import HostSpec
 from tests.unit.hosts import kpro6
 
 KPRO6 = {"kernel": {"version": "6.14.8-2-bpo12-pve"}, "driver": {"version": "595.71.05"}}

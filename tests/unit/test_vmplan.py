@@ -1,12 +1,12 @@
-"""The VMs' PCI mappings and owned hostpci entries, planned from kpro6's facts (gpuhost/vmplan.py)."""
+"""The VMs' PCI mappings and owned hostpci entries, planned from kpro6's facts (gpuhost/plan/guests/vms.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from facts.proxmox import parse_pci_mappings
-from gpuhost.plan import PlanError, make_plan
-from gpuhost.vmplan import PciMapping, mapping_id, raw_slots
+from gpuhost.plan.guests.vms import PciMapping, mapping_id, raw_slots
+from gpuhost.plan.make import PlanError, make_plan
 from tests.unit.hosts import kpro6
 from tests.unit.test_plan import KPRO6, host, lxc, vm
 

@@ -1,0 +1,1 @@
+"""Kernel and NVIDIA module builds, the artifact store, build hosts."""

@@ -1,0 +1,1 @@
+"""Software inside GPU guests: CUDA toolkits, uv venvs, environment files."""

@@ -1,0 +1,1 @@
+"""The Plan's NVIDIA driver: modules, their options and toolchain, userspace."""

@@ -1,0 +1,1 @@
+"""Proxmox VE: its API (token, SSH), guests as inventory, guest config backups."""
