@@ -31,8 +31,9 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, OperationError, deploy, operation
 
 from deploys.context import observed
-from facts.containers import ContainerState, ContainerStates
-from facts.nvidia import NvidiaUserspace
+from facts.containers import ContainerStates
+from gpuhost.observe.containers import ContainerState
+from gpuhost.observe.nvidia import NvidiaUserspace
 from gpuhost.plan.driver.userspace import INSTALLER_FLAGS, DriverUserspace
 from gpuhost.plan.guests.containers import ContainerDevices, edit_raw, record_path, restart_marker
 from gpuhost.plan.guests.power import guests_from_configs, start_order

@@ -26,7 +26,7 @@ from pyinfra.api import DeployError, FileUploadCommand, OperationError, deploy, 
 from pyinfra.operations import python
 
 from deploys.context import observed
-from facts.driver_install import PENDING, BuildResources, ModuleHashes
+from facts.driver_install import BuildResources, ModuleHashes
 from gpuhost.build.artifacts import ArtifactError, ArtifactStore
 from gpuhost.build.driver import build_command, inspect_module
 from gpuhost.build.driverstore import (
@@ -36,9 +36,11 @@ from gpuhost.build.driverstore import (
     check_built,
     check_stored,
     check_tree,
+    modules_key,
     source_tarball,
     store_built,
 )
+from gpuhost.observe.driver_install import PENDING
 from gpuhost.plan.driver.modules import MODULES_KIND, DriverModules, for_new_kernel
 from gpuhost.plan.driver.toolchain import build_jobs
 from gpuhost.plan.make import STATE_DIR, Plan
@@ -129,7 +131,8 @@ def modules_built_on_host(wanted: DriverModules, cc: str, jobs: int, tarball: st
 
 def _store_from_host(wanted: DriverModules, workdir: str, scratch: str, cc: str) -> None:
     """Fetch the host's build, check it like any build, and keep it in the store."""
-    assert wanted.key is not None
+    key = modules_key(wanted)
+    assert key is not None
     local = Path(scratch) / "from-host"
     local.mkdir(parents=True, exist_ok=True)
     for name in MODULE_FILES:
@@ -140,7 +143,7 @@ def _store_from_host(wanted: DriverModules, workdir: str, scratch: str, cc: str)
         check_built(modules, wanted)
     except DriverModulesError as exc:
         raise OperationError(str(exc)) from None
-    store_built(ArtifactStore(wanted.store), wanted.key, modules, host.name, cc)
+    store_built(ArtifactStore(wanted.store), key, modules, host.name, cc)
 
 
 @deploy("NVIDIA kernel modules")
@@ -150,7 +153,7 @@ def configure(plan: Plan, new_kernel_compiler: str | None = None) -> None:
     wanted = plan.driver_modules
     if wanted is None:
         return  # driver.source unset: the modules are not gpuhost's to manage on this host
-    if wanted.key is None:
+    if modules_key(wanted) is None:
         # The kernel is installed by this run: its compiler is the stored kernel's, or (a
         # Proxmox package) the one the store's only build of these modules for it names.
         stored = ArtifactStore(wanted.store).keys(MODULES_KIND, wanted.version, wanted.kernel)
@@ -160,7 +163,8 @@ def configure(plan: Plan, new_kernel_compiler: str | None = None) -> None:
             available = observed(host).compilers.compilers
             wanted = for_new_kernel(wanted, new_kernel_compiler, available)
     where = f"{host.name}: NVIDIA modules for kernel {wanted.kernel}"
-    if wanted.key is None:
+    key = modules_key(wanted)
+    if key is None:
         raise DeployError(
             f"{where}: the host has no config for that kernel (/boot/config-{wanted.kernel} or "
             f"/lib/modules/{wanted.kernel}/build/.config) to tell its compiler; install the "
@@ -169,7 +173,7 @@ def configure(plan: Plan, new_kernel_compiler: str | None = None) -> None:
     store = ArtifactStore(wanted.store)
     scratch = _scratch()
     try:
-        artifact = store.get(wanted.key) or build_on_control(
+        artifact = store.get(key) or build_on_control(
             wanted, store, scratch / "control-build", *_local_resources()
         )
         if artifact is not None:
@@ -188,7 +192,7 @@ def configure(plan: Plan, new_kernel_compiler: str | None = None) -> None:
     assert choice is not None
     if choice.command is None:
         # Refused here, while pyinfra prepares: nothing has been uploaded or changed yet.
-        raise DeployError(f"{where}: nothing stored under {wanted.key.path}, and {choice.refusal}")
+        raise DeployError(f"{where}: nothing stored under {key.path}, and {choice.refusal}")
     try:
         check_tree(wanted)
     except DriverModulesError as exc:

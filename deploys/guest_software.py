@@ -1,7 +1,7 @@
 """Guest software: CUDA toolkits, uv venvs with pins, the managed environment, services.
 
 Each operation compares the guest plan (gpuhost/guestsw/plan.py), made once per run from one
-batched read of the guest (facts/guestsoft.py) and the node's Plan, and yields only what must
+batched read of the guest (gpuhost/observe/guestsoft.py) and the node's Plan, and yields only what must
 change; a converged guest costs that one read (and the node's) and no per-item probes.
 """
 
@@ -18,7 +18,6 @@ from pyinfra.api.host import Host
 
 from deploys import context
 from deploys.ops import _show_diff, write_command
-from facts.guestsoft import STAMP, UV_PATH, GuestFacts, commands, parse_guest
 from facts.snapshot import Combined
 from gpuhost.guestsw.control import control_for
 from gpuhost.guestsw.plan import (
@@ -30,6 +29,7 @@ from gpuhost.guestsw.plan import (
     planned_paths,
 )
 from gpuhost.guestsw.render import render_guest_plan
+from gpuhost.observe.guestsoft import STAMP, UV_PATH, GuestFacts, commands, parse_guest
 from gpuhost.plan.guests.split import owner_of_guest
 from gpuhost.plan.make import ManagedFile, PlanError, make_plan
 from gpuhost.pve.guests import GuestEntry

@@ -25,7 +25,7 @@ from pyinfra.facts.apt import noninteractive_apt
 from deploys.context import observed
 from gpuhost.build.artifacts import ArtifactError
 from gpuhost.build.debinfo import DebError
-from gpuhost.build.features import KernelFeatures, feature_problems, package_features
+from gpuhost.build.features import feature_problems, package_features
 from gpuhost.build.host import BuildHostError
 from gpuhost.build.kernelstore import (
     KernelInstall,
@@ -34,6 +34,7 @@ from gpuhost.build.kernelstore import (
     plan_install,
 )
 from gpuhost.build.remotestore import store_for
+from gpuhost.observe.zfs import KernelFeatures
 from gpuhost.plan.make import STATE_DIR, Plan
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import SOURCE_KEY, SPEC_KEY

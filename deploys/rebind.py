@@ -34,7 +34,8 @@ import shlex
 from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, operation
 
-from facts.rebind import BoardBinding, BoardState
+from facts.rebind import BoardBinding
+from gpuhost.observe.rebind import BoardState
 from gpuhost.spec.values import normalize_bdf
 
 DRIVERS = ("vfio-pci", "nvidia")

@@ -21,9 +21,9 @@ from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
 from deploys.guests import guest_power, start_guests, stop_guests
-from facts.files import BootId
-from facts.kernel import KernelBuildInfo, KernelCmdline
-from facts.pci import PciDevice, PciDevices
+from gpuhost.observe.files import BootId
+from gpuhost.observe.kernel import KernelBuildInfo, KernelCmdline
+from gpuhost.observe.pci import PciDevice, PciDevices
 from gpuhost.plan.guests.power import GuestPower
 from gpuhost.plan.make import STATE_DIR, Plan
 

@@ -28,9 +28,9 @@ from deploys.guests import guest_power, start_guests, stop_guests
 from deploys.ops import mark_pending, write_command
 from deploys.ops import step as _step
 from deploys.reboot import _read
-from facts.files import BootId
-from facts.kernel import KernelBuildInfo
 from gpuhost.audit.gate import run_gate
+from gpuhost.observe.files import BootId
+from gpuhost.observe.kernel import KernelBuildInfo
 from gpuhost.plan.guests.power import GuestPower
 from gpuhost.plan.make import STATE_DIR, FollowUp, Plan
 from gpuhost.plan.trial.params import TRIAL_MARK, settle_commands

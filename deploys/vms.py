@@ -19,7 +19,7 @@ from pyinfra.api import OperationError, operation
 
 from deploys.context import observed
 from deploys.ops import step
-from facts.proxmox import MAPPINGS_FILE, parse_pci_mappings
+from gpuhost.observe.proxmox import MAPPINGS_FILE, parse_pci_mappings
 from gpuhost.plan.guests.mappings import refresh_command
 from gpuhost.plan.guests.vms import MAPPING_PREFIX, PciMapping, VmGpus
 from gpuhost.plan.make import Plan

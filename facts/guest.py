@@ -1,33 +1,15 @@
-"""What a workload in a guest starts with: the environment of a login shell."""
+"""pyinfra facts of :mod:`gpuhost.observe.guest`: What a workload in a guest starts with: the environment of a login shell.
+
+Each fact is its probe there, run by pyinfra.
+"""
 
 from __future__ import annotations
 
-import re
-
 from pyinfra.api import FactBase
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+from facts._fact import Fact
+from gpuhost.observe import guest
 
 
-def parse_environment(lines: list[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for line in lines:
-        name, sep, value = line.partition("=")
-        if sep and _NAME.fullmatch(name):
-            env[name] = value  # a line without NAME= continues a multi-line value: skipped
-    return env
-
-
-class LoginEnvironment(FactBase[dict[str, str]]):
-    """
-    Returns the environment a login shell gets (/etc/profile, /etc/profile.d), where managed
-    NCCL/CUDA variables such as NCCL_P2P_DISABLE must be.
-    """
-
-    default = dict
-
-    def command(self) -> str:
-        return "env -i HOME=/root PATH=/usr/bin:/bin sh -lc env"
-
-    def process(self, output: list[str]) -> dict[str, str]:
-        return parse_environment(output)
+class LoginEnvironment(Fact, guest.LoginEnvironment, FactBase[dict[str, str]]):
+    """:class:`gpuhost.observe.guest.LoginEnvironment` as a pyinfra fact."""

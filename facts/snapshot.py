@@ -1,70 +1,15 @@
-"""Several facts in one round trip.
+"""pyinfra facts of :mod:`gpuhost.observe.snapshot`: Several facts in one round trip.
 
-A converged re-run must cost about one SSH command, not one per fact: :class:`Combined` runs the
-commands of many facts in one shell, framed by markers, and returns each one's raw output and
-exit status for the facts' own parsers.
+Each fact is its probe there, run by pyinfra.
 """
 
 from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from facts._parse import UnparsedOutput
-
-KEY_MARK = "#gpuhost-fact="
-RC_MARK = "#gpuhost-rc="
-MISSING_TOOL = 127  # exit status recorded when a fact's required tool is absent
+from facts._fact import Fact
+from gpuhost.observe import snapshot
 
 
-def framed(command: str, tool: str | None) -> str:
-    """``command`` guarded like pyinfra's ``requires_command``, ending with its exit status."""
-    if tool:
-        return (
-            f"if command -v {tool} >/dev/null 2>&1; then ( {command} ); rc=$?; "
-            f'else rc={MISSING_TOOL}; fi; echo "{RC_MARK}$rc"'
-        )
-    return f'( {command} ); echo "{RC_MARK}$?"'
-
-
-def split_combined(lines: list[str]) -> dict[str, tuple[int, list[str]]]:
-    raw: dict[str, tuple[int, list[str]]] = {}
-    key: str | None = None
-    chunk: list[str] = []
-    for line in lines:
-        if line.startswith(KEY_MARK):
-            key, chunk = line.removeprefix(KEY_MARK), []
-        elif line.startswith(RC_MARK) and key is not None:
-            raw[key] = (int(line.removeprefix(RC_MARK)), chunk)
-            key = None
-        elif key is not None:
-            chunk.append(line)
-        else:
-            raise UnparsedOutput("combined facts", line, "line outside any fact")
-    if key is not None:
-        raise UnparsedOutput("combined facts", key, "fact output ended without an exit status")
-    return raw
-
-
-class Combined(FactBase[dict[str, tuple[int, list[str]]]]):
-    """
-    Runs ``(key, command, required tool)`` triples in one shell; returns key -> (exit status,
-    stdout lines). Exit status 127 means the required tool is absent.
-    """
-
-    default = dict
-
-    def command(self, commands: tuple[tuple[str, str, str | None], ...]) -> str:
-        # The facts run side by side (nvidia-smi and proxmox-boot-tool take a while each on a
-        # real host), each into its own file, printed in order once all have finished.
-        runs = " ".join(
-            f'{{ echo "{KEY_MARK}{key}"; {framed(cmd, tool)}; }} >"$d/{i}" &'
-            for i, (key, cmd, tool) in enumerate(commands)
-        )
-        files = " ".join(f'"$d/{i}"' for i in range(len(commands)))
-        return (
-            'd=$(mktemp -d "${TMPDIR:-/tmp}/gpuhost-facts.XXXXXX") || exit 1; '
-            f'{runs} wait; cat {files}; rm -rf "$d"'
-        )
-
-    def process(self, output: list[str]) -> dict[str, tuple[int, list[str]]]:
-        return split_combined(output)
+class Combined(Fact, snapshot.Combined, FactBase[dict[str, tuple[int, list[str]]]]):
+    """:class:`gpuhost.observe.snapshot.Combined` as a pyinfra fact."""

@@ -20,13 +20,8 @@ from pyinfra.api.exceptions import PyinfraError
 from gpuhost.build import command as buildcmd
 from gpuhost.build.kernel import KernelBuildError
 from gpuhost.control import read_control
-from gpuhost.observe.hostfacts import (
-    capture_script,
-    gather_live,
-    parse_raw,
-    read_snapshot,
-    write_snapshot,
-)
+from gpuhost.observe.hostfacts import capture_script, parse_raw, read_snapshot, write_snapshot
+from gpuhost.observe.live import gather_live
 from gpuhost.plan.make import make_plan
 from gpuhost.plan.render import render_plan
 from gpuhost.spec.inventory import load_inventory

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 
 from gpuhost.build.artifacts import ArtifactError, ArtifactStore
-from gpuhost.build.driverstore import DriverModulesError, check_tree
+from gpuhost.build.driverstore import DriverModulesError, check_tree, modules_key
 from gpuhost.build.host import BuildHostError
 from gpuhost.build.kernelstore import KernelStoreError, stored_key
 from gpuhost.observe.hostfacts import HostFacts
@@ -83,7 +83,8 @@ def read_control(
                 )
             except (ArtifactError, OSError, ValueError):  # an unreadable manifest
                 keys = []
-            stored = (modules.key in keys) if modules.key is not None else bool(keys)
+            key = modules_key(modules)
+            stored = (key in keys) if key is not None else bool(keys)
             try:
                 check_tree(modules)
             except (DriverModulesError, OSError) as exc:

@@ -3,9 +3,9 @@ userspace, the next boot's modules, fabric manager."""
 
 from __future__ import annotations
 
-from facts.pci import nvswitches
 from gpuhost.audit.context import REDEPLOY, AuditContext
 from gpuhost.audit.model import Finding, NotApplicable, check
+from gpuhost.observe.pci import nvswitches
 
 
 def _nvidia_gpus(ctx: AuditContext) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from facts.proxmox import MAPPINGS_FILE, GuestConfig, parse_pci_mappings
 from gpuhost.audit import p2p_checks
 from gpuhost.audit.context import (
     REDEPLOY,
@@ -15,6 +14,7 @@ from gpuhost.audit.context import (
 )
 from gpuhost.audit.model import Finding, NotApplicable, check
 from gpuhost.audit.observe import GuestView
+from gpuhost.observe.proxmox import MAPPINGS_FILE, GuestConfig, parse_pci_mappings
 from gpuhost.spec.grammar import Q35_FIX, machine_is_q35
 from gpuhost.spec.guests import LxcGuest, VmGuest
 

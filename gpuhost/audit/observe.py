@@ -12,25 +12,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyinfra.api import FactBase
-
-from facts._parse import UnparsedOutput
-from facts.cuda import DEFAULT_SIZES, CudaProbe, CudaView
-from facts.devices import DeviceNode, NvidiaDeviceNodes
-from facts.guest import LoginEnvironment
-from facts.guestsoft import GuestFacts, commands, parse_guest
-from facts.kernel import NvidiaModuleFiles
-from facts.nvidia import FabricManager, GspFirmwareFiles, NvidiaFabricManager, NvidiaUserspace
-from facts.snapshot import MISSING_TOOL, Combined, split_combined
-from facts.storage import StorageHealth, StorageHealthFact
 from gpuhost.guestsw.plan import planned_paths, venv_imports
+from gpuhost.observe.cuda import DEFAULT_SIZES, CudaProbe, CudaView
+from gpuhost.observe.devices import DeviceNode, NvidiaDeviceNodes
+from gpuhost.observe.guest import LoginEnvironment
+from gpuhost.observe.guestsoft import GuestFacts, commands, parse_guest
 from gpuhost.observe.hostfacts import FACTS, HostFacts, combined_args, fact_tool, parse_raw
+from gpuhost.observe.kernel import NvidiaModuleFiles
+from gpuhost.observe.nvidia import (
+    FabricManager,
+    GspFirmwareFiles,
+    NvidiaFabricManager,
+    NvidiaUserspace,
+)
+from gpuhost.observe.parse import UnparsedOutput
+from gpuhost.observe.probe import Probe
+from gpuhost.observe.snapshot import MISSING_TOOL, Combined, split_combined
+from gpuhost.observe.storage import StorageHealth, StorageHealthFact
 from gpuhost.spec.guests import LxcGuest
 
 # A command runner: command -> (exit status, stdout, stderr). testinfra's host.run, or a guest's.
 Runner = Callable[[str], tuple[int, str, str]]
 
-AUDIT_FACTS: dict[str, type[FactBase]] = {
+AUDIT_FACTS: dict[str, type[Probe]] = {
     "NvidiaDeviceNodes": NvidiaDeviceNodes,
     "GspFirmwareFiles": GspFirmwareFiles,
     "NvidiaUserspace": NvidiaUserspace,
@@ -47,7 +51,7 @@ READ_SINCE_CAPTURES: frozenset[str] = frozenset()
 # but pve-container's version: it decides how the deploy may write devN entries, not what the
 # audit checks (the entries that are there), and reads as "not captured" here.
 HOST_FACT_KEYS = tuple(k for k in FACTS if k != "PveContainerVersion")
-GUEST_FACTS: dict[str, type[FactBase]] = {
+GUEST_FACTS: dict[str, type[Probe]] = {
     "NvidiaDeviceNodes": NvidiaDeviceNodes,
     "NvidiaUserspace": NvidiaUserspace,
     "LoginEnvironment": LoginEnvironment,
@@ -78,7 +82,7 @@ class GuestView:
 
 
 def _commands(
-    facts: dict[str, type[FactBase]], sizes: tuple[int, ...]
+    facts: dict[str, type[Probe]], sizes: tuple[int, ...]
 ) -> list[tuple[str, str, str | None]]:
     out = []
     for key, cls in facts.items():
@@ -106,7 +110,7 @@ def guest_command(sizes: tuple[int, ...] = DEFAULT_SIZES, guest: LxcGuest | None
     return Combined().command(tuple(_commands(GUEST_FACTS, sizes)) + _software(guest))
 
 
-SOFTWARE = "sw:"  # key prefix of the guest software facts (facts/guestsoft.py)
+SOFTWARE = "sw:"  # key prefix of the guest software facts (gpuhost/observe/guestsoft.py)
 
 
 def _software(guest: LxcGuest | None) -> tuple[tuple[str, str, str | None], ...]:
@@ -125,7 +129,7 @@ def in_container(ctid: int, script: str) -> str:
     return f"pct exec {int(ctid)} -- sh -c {shlex.quote(script)}"
 
 
-def _parse(key: str, cls: type[FactBase], rc: int, lines: list[str]) -> Any:
+def _parse(key: str, cls: type[Probe], rc: int, lines: list[str]) -> Any:
     if rc == MISSING_TOOL and fact_tool(cls):
         return None
     fact = cls()

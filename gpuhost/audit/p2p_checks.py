@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from facts.cuda import CudaView, PeerCopy
 from gpuhost.audit.context import REDEPLOY, AuditContext
 from gpuhost.audit.model import Finding, NotApplicable, check
+from gpuhost.observe.cuda import CudaView, PeerCopy
 
 IOMMU_PARAMS = ("iommu", "amd_iommu", "intel_iommu", "iommu.passthrough", "iommu.strict")
 

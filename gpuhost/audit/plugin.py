@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from facts.cuda import DEFAULT_SIZES
 from gpuhost.audit.model import Check, Outcome
 from gpuhost.audit.run import HostAudit, cases, evaluate, read_host
 from gpuhost.hostkeys import unknown_host_key
+from gpuhost.observe.cuda import DEFAULT_SIZES
 from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import SOURCE_KEY, load_inventory

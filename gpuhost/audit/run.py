@@ -7,7 +7,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from facts.cuda import DEFAULT_SIZES
 from gpuhost.audit import (  # noqa: F401  (registers the checks)
     driver_checks,
     guest_checks,
@@ -19,6 +18,7 @@ from gpuhost.audit import (  # noqa: F401  (registers the checks)
 from gpuhost.audit.context import AuditContext
 from gpuhost.audit.model import CHECKS, Check, Finding, NotApplicable, Outcome
 from gpuhost.audit.observe import GuestView, Runner, in_container, observe_guest, observe_host
+from gpuhost.observe.cuda import DEFAULT_SIZES
 from gpuhost.plan.make import PlanError, make_plan
 from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.host import HostSpec

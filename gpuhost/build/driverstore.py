@@ -8,10 +8,10 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from facts.compilers import KernelCompilers
 from gpuhost.build.artifacts import Artifact, ArtifactKey, ArtifactStore
 from gpuhost.build.driver import MODULES, BuiltModule, build_modules, source_version
-from gpuhost.plan.driver.modules import DriverModules
+from gpuhost.observe.compilers import KernelCompilers
+from gpuhost.plan.driver.modules import MODULES_KIND, DriverModules
 from gpuhost.plan.driver.toolchain import (
     ToolchainError,
     build_jobs,
@@ -24,6 +24,15 @@ MODULE_FILES = tuple(f"{m}.ko" for m in MODULES)
 
 class DriverModulesError(RuntimeError):
     """Built or stored modules that must not be installed; the message says why and what to do."""
+
+
+def modules_key(wanted: DriverModules) -> ArtifactKey | None:
+    """The store key of the Plan's modules; None while the kernel's compiler is not known. The
+    compiler in it is the kernel's: the modules are good for that kernel whichever host built
+    them, as long as the compiler's version was the kernel's."""
+    if wanted.kernel_compiler is None:
+        return None
+    return ArtifactKey(MODULES_KIND, wanted.version, wanted.kernel, wanted.kernel_compiler)
 
 
 def check_tree(wanted: DriverModules) -> None:
@@ -97,7 +106,7 @@ def build_on_control(
 ) -> Artifact | None:
     """Build here when this machine has the kernel's headers and a compiler of its version;
     None when it has not (then the host builds)."""
-    key = wanted.key
+    key = modules_key(wanted)
     assert key is not None and wanted.kernel_compiler is not None
     headers = Path(f"/lib/modules/{wanted.kernel}/build")
     if not (headers / "Makefile").is_file():

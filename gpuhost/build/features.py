@@ -10,28 +10,19 @@ Proxmox's kernel packaging adds two things a plain `make bindeb-pkg` of a tree d
   `pcie_acs_override_setup` is in the kernel's System.map (vmlinuz is compressed, the config
   says nothing). A kernel without it ignores the parameter: IOMMU groups stay lumped.
 So before a kernel is installed its package is read (on the control machine), and an installed
-one is read from the host (facts/zfs.py); one that lacks what the host needs is refused.
+one is read from the host (gpuhost/observe/zfs.py); one that lacks what the host needs is refused.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhost.build.debinfo import DebError, data_tar
+from gpuhost.observe.zfs import KernelFeatures
 
 ACS_SYMBOL = b"pcie_acs_override"
 _ZFS_KO = r"(?:usr/)?lib/modules/{release}/.+/zfs\.ko(?:\.xz|\.zst|\.gz)?"
-
-
-@dataclass(frozen=True)
-class KernelFeatures:
-    """``zfs``: zfs.ko is among the kernel's modules; ``acs_override``: the ACS patch is in
-    (None: no System.map to tell)."""
-
-    zfs: bool
-    acs_override: bool | None
 
 
 def package_features(deb: str | Path, release: str) -> KernelFeatures:

@@ -2,7 +2,7 @@
 trust it: which repository a guest needs, which toolkits it publishes, and whether its key is
 bound by a hash the guest's OpenPGP verifier accepts.
 
-Pure: made from the guest's /etc/os-release, the verifier its apt uses (facts/guestsoft.py) and
+Pure: made from the guest's /etc/os-release, the verifier its apt uses (gpuhost/observe/guestsoft.py) and
 the key's text from the control machine.
 """
 
@@ -12,7 +12,8 @@ import base64
 import binascii
 import hashlib
 import re
-from dataclasses import dataclass
+
+from gpuhost.observe.guestsoft import SQV, GuestOs
 
 # CUDA toolkits (of those gpuhost knows, grammar.CUDA_MIN_DRIVER) that NVIDIA publishes in each
 # network repository, .../compute/cuda/repos/<name>/x86_64/. NVIDIA adds a distribution from the
@@ -36,7 +37,6 @@ SUPPORTED = {
     ("ubuntu", "22.04"): "ubuntu2204",
     ("ubuntu", "24.04"): "ubuntu2404",
 }
-_OS_LINE = re.compile(r"(?P<key>[A-Z][A-Z0-9_]*)=(?P<value>\"[^\"\\`$]*\"|'[^']*'|[^\s\"'\\`$]*)")
 _REPO_IN_URL = re.compile(r"/(?P<name>(?:debian|ubuntu)[0-9]{2,4})/(?P<arch>x86_64|sbsa)/$")
 # OpenPGP hash algorithm ids (RFC 9580 9.5) that Debian 13's apt policy refuses for binding
 # signatures (/usr/share/apt/default-sequoia.config: sha1.second_preimage_resistance and sha224
@@ -46,32 +46,9 @@ _HASH_NAMES = {**_WEAK_HASHES, 8: "SHA-256", 9: "SHA-384", 10: "SHA-512", 12: "S
 _SELF_BINDINGS = {0x10, 0x11, 0x12, 0x13, 0x1F}  # user ID certifications, direct-key
 
 
-@dataclass(frozen=True)
-class GuestOs:
-    id: str  # os-release ID, e.g. debian, ubuntu
-    version_id: str  # VERSION_ID, e.g. 13, 24.04 (empty on Debian testing/sid)
-    pretty: str  # PRETTY_NAME, for messages
-
-    @property
-    def repo(self) -> str | None:
-        """NVIDIA's repository name for this distribution, None if gpuhost does not support it."""
-        return SUPPORTED.get((self.id, self.version_id))
-
-
-def parse_os_release(lines: list[str]) -> GuestOs | None:
-    """os-release(5) text -> GuestOs; None when it names no ID (no os-release at all).
-
-    Lines that do not fit the KEY=value grammar (comments, blank lines) are ignored."""
-    values: dict[str, str] = {}
-    for line in lines:
-        match = _OS_LINE.fullmatch(line.strip())
-        if match:
-            values[match["key"]] = match["value"].strip("\"'")
-    if not values.get("ID"):
-        return None
-    return GuestOs(
-        values["ID"], values.get("VERSION_ID", ""), values.get("PRETTY_NAME", values["ID"])
-    )
+def supported_repo(guest_os: GuestOs) -> str | None:
+    """NVIDIA's repository name for this distribution, None if gpuhost does not support it."""
+    return SUPPORTED.get((guest_os.id, guest_os.version_id))
 
 
 def repo_in_url(url: str) -> str | None:
@@ -180,12 +157,6 @@ def sqv_refuses(key_text: str) -> str | None:
     return None
 
 
-# apt's verifiers (facts/guestsoft.py APT_VERIFIER): sqv is apt's method on Debian 13 (apt
-# 2.9.19 "Replace GnuPG with Sequoia", NEWS.Debian); "sqv-policy": an operator's policy file
-# overrides Debian's; gpgv: apt before 2.9.19 (Debian 12, Ubuntu 22.04 and 24.04).
-SQV, SQV_POLICY, GPGV = "sqv", "sqv-policy", "gpgv"
-
-
 def repo_problems(
     guest_os: GuestOs | None,
     verifier: str,
@@ -200,7 +171,7 @@ def repo_problems(
             "cuda: the guest has no /etc/os-release, so gpuhost cannot tell which of NVIDIA's "
             "repositories it needs; give the container a Debian or Ubuntu userland"
         ]
-    name = guest_os.repo
+    name = supported_repo(guest_os)
     if name is None:
         known = ", ".join(f"{i} {v}" for i, v in SUPPORTED)
         return [

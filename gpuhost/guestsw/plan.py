@@ -2,7 +2,7 @@
 
 Pure: made from the guest's spec entry, the environment the host's Plan gives this guest
 (``Plan.guest_env``: the spec's env plus NCCL_P2P_DISABLE=1 where P2P is unsafe), what the guest
-shows (facts/guestsoft.py) and what the control machine holds (uv, the repository key, its
+shows (gpuhost/observe/guestsoft.py) and what the control machine holds (uv, the repository key, its
 package index settings). A plan that cannot work is refused before anything changes: a toolkit
 the host driver branch cannot run, a requirement that contradicts a pin, a missing key.
 """
@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 
 from packaging.requirements import Requirement
 
-from facts.guestsoft import (
+from gpuhost.guestsw import files as guestfiles
+from gpuhost.guestsw.cudarepos import repo_problems, supported_repo
+from gpuhost.guestsw.indexconf import IndexConfig
+from gpuhost.observe.guestsoft import (
     HOOK,
     SERVICE_STAMPS,
     STAMP,
@@ -23,9 +26,6 @@ from facts.guestsoft import (
     VenvState,
     normalise,
 )
-from gpuhost.guestsw import files as guestfiles
-from gpuhost.guestsw.cudarepos import repo_problems
-from gpuhost.guestsw.indexconf import IndexConfig
 from gpuhost.plan.make import ManagedFile
 from gpuhost.redact import is_secret_name
 from gpuhost.spec.grammar import CUDA_MIN_DRIVER
@@ -415,7 +415,7 @@ def make_guest_plan(
     notes = [f"package index left out: {s}" for s in indexes.skipped]
     if toolkits and facts.os is not None:
         notes.append(
-            f"{facts.os.pretty}: NVIDIA's {facts.os.repo} repository, apt verifies with "
+            f"{facts.os.pretty}: NVIDIA's {supported_repo(facts.os)} repository, apt verifies with "
             f"{facts.apt_verifier}"
         )
     hidden = sorted(k for k in full_env if is_secret_name(k))

@@ -1,4 +1,4 @@
-"""All facts the planner reads, gathered in one place: live over pyinfra, or from a snapshot.
+"""All facts the planner reads, in one place: parsed from one combined read or from a snapshot.
 
 A snapshot is a directory with, per fact key, ``<key>.cmd`` (the exact command), ``<key>.out``
 (its raw stdout) and ``<key>.rc`` (exit status; 127 when the fact's required tool is absent).
@@ -14,14 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyinfra.api import FactBase
-from pyinfra.api.exceptions import PyinfraError
-
-from facts.boot import BootPath, BootPathInfo
-from facts.compilers import CompilerInventory, KernelCompilers
-from facts.containers import PackageVersion, PveContainerVersion
-from facts.files import BootId, ConfigFiles, ManagedFiles
-from facts.kernel import (
+from gpuhost.observe.boot import BootPath, BootPathInfo
+from gpuhost.observe.compilers import CompilerInventory, KernelCompilers
+from gpuhost.observe.containers import PackageVersion, PveContainerVersion
+from gpuhost.observe.files import BootId, ConfigFiles, ManagedFiles
+from gpuhost.observe.kernel import (
     CharDevices,
     CpuVendor,
     KernelBuild,
@@ -33,7 +30,7 @@ from facts.kernel import (
     SevSnp,
     SevState,
 )
-from facts.nvidia import (
+from gpuhost.observe.nvidia import (
     DriverVersion,
     GpuQuery,
     NvidiaDriver,
@@ -43,8 +40,9 @@ from facts.nvidia import (
     NvidiaTopology,
     Topology,
 )
-from facts.pci import IommuDomains, IommuGroups, IommuState, PciDevice, PciDevices
-from facts.proxmox import (
+from gpuhost.observe.pci import IommuDomains, IommuGroups, IommuState, PciDevice, PciDevices
+from gpuhost.observe.probe import Probe
+from gpuhost.observe.proxmox import (
     BootKernelList,
     BootKernels,
     BootTool,
@@ -53,14 +51,12 @@ from facts.proxmox import (
     GuestStatuses,
     PveGuestConfigs,
 )
-from facts.release import HostRelease, HostReleaseFact
-from facts.snapshot import MISSING_TOOL, Combined
-from facts.zfs import InstalledKernelFeatures, KernelFeatureFiles, ZfsUsage, ZfsUse
-from gpuhost.hostkeys import unknown_host_key
-from gpuhost.spec.inventory import SPEC_KEY, load_inventory
+from gpuhost.observe.release import HostRelease, HostReleaseFact
+from gpuhost.observe.snapshot import MISSING_TOOL
+from gpuhost.observe.zfs import InstalledKernelFeatures, KernelFeatureFiles, ZfsUsage, ZfsUse
 
 # key -> (fact class, fact arguments). The key names the snapshot files.
-FACTS: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
+FACTS: dict[str, tuple[type[Probe], dict[str, Any]]] = {
     "PciDevices": (PciDevices, {}),
     "IommuGroups": (IommuGroups, {}),
     "NvidiaGpus": (NvidiaGpus, {}),
@@ -179,7 +175,7 @@ def fact_command(key: str) -> str:
     return str(cls().command(**kwargs))
 
 
-def fact_tool(cls: type[FactBase], **kwargs: Any) -> str | None:
+def fact_tool(cls: type[Probe], **kwargs: Any) -> str | None:
     """The binary a fact class needs (pyinfra returns the fact's default when it is absent)."""
     tool = cls.requires_command
     return tool(cls(), **kwargs) if callable(tool) else tool
@@ -190,7 +186,7 @@ def required_tool(key: str) -> str | None:
     return fact_tool(cls, **kwargs)
 
 
-def _default(cls: type[FactBase]) -> Any:
+def _default(cls: type[Probe]) -> Any:
     default = cls.default
     return default() if callable(default) else default
 
@@ -297,38 +293,3 @@ def capture_script() -> str:
         else:
             lines.append(run)
     return "\n".join(lines) + "\n"
-
-
-def gather(hosts: list[tuple[str, dict]]) -> dict[str, dict[str, tuple[int, list[str]]]]:
-    """Run every fact command on these (name, pyinfra host data) hosts, one round trip each."""
-    from pyinfra.api import Config, Inventory, State
-    from pyinfra.api.connect import connect_all, disconnect_all
-
-    unknown = [problem for name, data in hosts if (problem := unknown_host_key(name, data))]
-    if unknown:
-        raise PyinfraError("\n".join(unknown))
-    # Built here rather than with pyinfra_cli, which monkey-patches the whole process (gevent).
-    state = State(Inventory((hosts, {})), Config())
-    connect_all(state)
-    try:
-        raw: dict[str, dict[str, tuple[int, list[str]]]] = {}
-        for host in state.inventory.iter_activated_hosts():
-            raw[host.name] = host.get_fact(Combined, **combined_args())
-        missing = [name for name, _ in hosts if name not in raw]
-        if missing:
-            raise PyinfraError(f"could not connect to {', '.join(missing)}")
-        return raw
-    finally:
-        disconnect_all(state)
-
-
-def gather_live(
-    inventory: str, limit: str | None = None
-) -> dict[str, dict[str, tuple[int, list[str]]]]:
-    """Facts of an inventory file's hosts (or of pyinfra host names such as @local)."""
-    if Path(inventory).is_file():
-        entries = load_inventory(inventory).items()
-        hosts = [(name, {**data, SPEC_KEY: spec}) for name, (spec, data) in entries]
-    else:
-        hosts = [(name, {}) for name in inventory.split(",")]
-    return gather([h for h in hosts if not limit or h[0] == limit])

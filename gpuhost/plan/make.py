@@ -270,7 +270,9 @@ def make_plan(
     step, trial_params = Step.CONVERGED, ()
     if not entry_trials:
         trial, step, trial_params = plan_trial(spec, facts, problems)
-    boot, passthrough = boot_config(spec, facts, loader, problems, notes, trial_params)
+    boot, passthrough = boot_config(
+        spec, facts, loader, problems, notes, trial_params, frozenset(trial_cmdline_names())
+    )
     after_trial = {
         path: ManagedFile(path, content, "cmdline")
         for path, content in after_commit(spec, facts, loader, boot, trial_params).items()

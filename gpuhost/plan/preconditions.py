@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from facts.proxmox import MAPPINGS_FILE, parse_pci_mappings
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.observe.proxmox import MAPPINGS_FILE, parse_pci_mappings
 from gpuhost.plan.driver.modules import DriverModules
 from gpuhost.plan.driver.userspace import DriverUserspace
 from gpuhost.plan.guests.vms import MAPPING_PREFIX, VmSplit

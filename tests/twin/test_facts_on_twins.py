@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from facts.kernel import parse_char_devices
-from gpuhost.observe.hostfacts import gather, parse_raw, read_snapshot
+from gpuhost.observe.hostfacts import parse_raw, read_snapshot
+from gpuhost.observe.kernel import parse_char_devices
+from gpuhost.observe.live import gather
 from twin import driver
 from twin.profile import load_profile
 from twin.pytest_plugin import TwinHandle

@@ -88,7 +88,7 @@ def test_without_bootctl_the_systemd_boot_trial_is_refused(twin) -> None:
     """On Debian 13 bootctl is in systemd-boot-tools, and pve8to9 asks for the systemd-boot
     meta-package to go (pve-manager PVE/CLI/pve8to9.pm, check_bootloader): a host left without
     bootctl has no one-shot, which the plan says before anything changes."""
-    from facts.boot import boot_path_command, parse_boot_path
+    from gpuhost.observe.boot import boot_path_command, parse_boot_path
     from gpuhost.observe.hostfacts import FACTS, fact_command
     from gpuhost.plan.trial.boot import plan_trial_boot
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from facts.containers import PveContainerVersion
+from gpuhost.observe.containers import PveContainerVersion
 from twin.pve import PACKAGES, _register_packages
 
 STANZA = "Package: base-files\nStatus: install ok installed\nVersion: 12.4+deb12u5\n"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from facts.cuda import DEFAULT_SIZES, parse_cuda_probe
-from facts.devices import parse_device_nodes
-from facts.kernel import parse_nvidia_modules
-from facts.nvidia import parse_fabricmanager, parse_firmware_files, parse_userspace
 from gpuhost.audit.observe import READ_SINCE_CAPTURES, host_command, in_container, observe_host
 from gpuhost.audit.run import audit_all, read_host
+from gpuhost.observe.cuda import DEFAULT_SIZES, parse_cuda_probe
+from gpuhost.observe.devices import parse_device_nodes
+from gpuhost.observe.kernel import parse_nvidia_modules
+from gpuhost.observe.nvidia import parse_fabricmanager, parse_firmware_files, parse_userspace
 from gpuhost.spec.inventory import load_inventory
 
 RUN = Path(__file__).parents[1] / "fixtures/captures/h200x1-audit-run"

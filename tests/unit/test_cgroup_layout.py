@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from facts.containers import PackageVersion
+from gpuhost.observe.containers import PackageVersion
 from gpuhost.observe.hostfacts import parse_raw, read_snapshot
 from tests.unit.conftest import FIXTURES
 

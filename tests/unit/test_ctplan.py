@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from facts.containers import parse_container_states, parse_package_version
+from gpuhost.observe.containers import parse_container_states, parse_package_version
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.plan.guests.containers import (
     edit_raw,

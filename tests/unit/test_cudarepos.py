@@ -7,20 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from facts._parse import UnparsedOutput
-from facts.guestsoft import parse_guest
 from gpuhost.guestsw.cudarepos import (
-    GPGV,
-    SQV,
-    SQV_POLICY,
     binding_hashes,
-    parse_os_release,
     repo_in_url,
     repo_problems,
     sqv_refuses,
+    supported_repo,
 )
 from gpuhost.guestsw.files import sources
 from gpuhost.guestsw.plan import SOURCES, make_guest_plan
+from gpuhost.observe.guestsoft import GPGV, SQV, SQV_POLICY, parse_guest, parse_os_release
+from gpuhost.observe.parse import UnparsedOutput
 from tests.unit.test_guestplan import CONTROL, facts, guest, problems
 
 KEYS = Path(__file__).parents[1] / "fixtures" / "keys"
@@ -61,10 +58,12 @@ TRIXIE = parse_os_release(DEBIAN_13.splitlines())
 
 def test_os_release_names_nvidias_repository() -> None:
     assert UBUNTU is not None and (UBUNTU.id, UBUNTU.version_id) == ("ubuntu", "24.04")
-    assert UBUNTU.repo == "ubuntu2404" and UBUNTU.pretty == "Ubuntu 24.04.1 LTS"
-    assert TRIXIE is not None and TRIXIE.repo == "debian13"
+    assert supported_repo(UBUNTU) == "ubuntu2404" and UBUNTU.pretty == "Ubuntu 24.04.1 LTS"
+    assert TRIXIE is not None and supported_repo(TRIXIE) == "debian13"
     sid = parse_os_release(['PRETTY_NAME="Debian GNU/Linux trixie/sid"', "ID=debian"])
-    assert sid is not None and sid.repo is None  # testing/sid: no VERSION_ID, no repository
+    assert (
+        sid is not None and supported_repo(sid) is None
+    )  # testing/sid: no VERSION_ID, no repository
     assert parse_os_release([]) is None
     assert parse_os_release(["ID=$(reboot)"]) is None  # not the grammar: ignored
     assert repo_in_url(NVIDIA.format("debian13")) == "debian13"

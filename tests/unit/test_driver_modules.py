@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from facts.driver_install import PENDING, parse_build_resources, parse_module_hashes
 from gpuhost.build.artifacts import ArtifactStore
 from gpuhost.build.driver import MODULES, build_modules
 from gpuhost.build.driverstore import (
@@ -19,9 +18,11 @@ from gpuhost.build.driverstore import (
     check_built,
     check_stored,
     check_tree,
+    modules_key,
     source_tarball,
     store_built,
 )
+from gpuhost.observe.driver_install import PENDING, parse_build_resources, parse_module_hashes
 from gpuhost.plan.driver.modules import DriverModules
 from gpuhost.plan.make import make_plan
 from gpuhost.spec.host import HostSpec
@@ -53,14 +54,15 @@ def test_the_plan_names_kernel_key_and_the_hosts_compiler() -> None:
     wanted = plan_for(spec, KPRO6_COMPILERS).driver_modules
     assert wanted is not None
     assert wanted.install_dir == "/lib/modules/6.8.12-9-pve/updates/gpuhost"
-    assert wanted.key is not None and wanted.key.compiler == "gcc (Debian 12.2.0-14) 12.2.0"
-    assert wanted.key.path.parts[:3] == ("nvidia-modules", "595.71.05", "6.8.12-9-pve")
+    key = modules_key(wanted)
+    assert key is not None and key.compiler == "gcc (Debian 12.2.0-14) 12.2.0"
+    assert key.path.parts[:3] == ("nvidia-modules", "595.71.05", "6.8.12-9-pve")
     assert wanted.on_host is not None and wanted.on_host.command == "gcc-12"
 
 
 def test_a_kernel_without_config_has_no_key_and_gcc11_is_refused() -> None:
     spec = {**SPEC, "driver": {**SPEC["driver"], "source": SOURCE}}
-    assert plan_for(spec, KPRO6_COMPILERS[2:]).driver_modules.key is None
+    assert modules_key(plan_for(spec, KPRO6_COMPILERS[2:]).driver_modules) is None
     only_11 = [
         *KPRO6_COMPILERS[:2],
         "== compiler gcc-11 /usr/bin/gcc-11",
@@ -141,7 +143,7 @@ def test_a_build_on_the_control_machine_is_checked_and_stored(local, tmp_path: P
     assert artifact is not None and sorted(artifact.files) == sorted(f"{m}.ko" for m in MODULES)
     assert artifact.meta["built_on"] == "control machine"
     assert artifact.meta["vermagic"].startswith(f"{kernel} SMP")
-    again = store.get(wanted.key)
+    again = store.get(modules_key(wanted))
     check_stored(again, wanted)
     other = DriverModules("595.71.05", "6.8.12-9-pve", str(TREE), wanted.store, cc_text, None)
     assert build_on_control(other, store, tmp_path / "o2", 2, 8 << 30) is None  # no headers here
@@ -172,6 +174,6 @@ def test_modules_from_another_compiler_or_kernel_are_not_stored(
     with pytest.raises(DriverModulesError, match="the build gave"):
         check_built(modules[:2], wanted_for(kernel, cc_text))
     store = ArtifactStore(tmp_path / "store")
-    key = wanted_for(kernel, cc_text).key
+    key = modules_key(wanted_for(kernel, cc_text))
     stored = store_built(store, key, modules, "twin", "gcc-12 (Debian 12.2.0-14+deb12u1) 12.2.0")
     assert store.get(key).meta == stored.meta and stored.meta["cc"].startswith("gcc-12")

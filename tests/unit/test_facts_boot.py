@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from facts._parse import UnparsedOutput
-from facts.boot import BootPath, BootPathInfo, decode_efivar, parse_boot_path
+from gpuhost.observe.boot import BootPath, BootPathInfo, decode_efivar, parse_boot_path
 from gpuhost.observe.hostfacts import ADDED_LATER, FACTS, parse_raw
+from gpuhost.observe.parse import UnparsedOutput
 from tests.unit.conftest import proxmox, snapshot
 
 

@@ -1,7 +1,6 @@
 import pytest
 
-from facts._parse import UnparsedOutput
-from facts.kernel import (
+from gpuhost.observe.kernel import (
     KernelCmdline,
     SevSnp,
     SevState,
@@ -12,6 +11,7 @@ from facts.kernel import (
     parse_module_parameters,
     parse_sev_state,
 )
+from gpuhost.observe.parse import UnparsedOutput
 from tests.unit.conftest import captured
 
 

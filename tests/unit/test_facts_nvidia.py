@@ -1,7 +1,6 @@
 import pytest
 
-from facts._parse import UnparsedOutput
-from facts.nvidia import (
+from gpuhost.observe.nvidia import (
     NvidiaP2P,
     parse_driver_version,
     parse_gpu_information,
@@ -9,6 +8,7 @@ from facts.nvidia import (
     parse_p2p,
     parse_topology,
 )
+from gpuhost.observe.parse import UnparsedOutput
 from tests.unit.conftest import FIXTURES, captured
 
 

@@ -1,7 +1,7 @@
 import pytest
 
-from facts._parse import UnparsedOutput
-from facts.pci import (
+from gpuhost.observe.parse import UnparsedOutput
+from gpuhost.observe.pci import (
     IommuDomains,
     IommuState,
     parse_iommu_groups,

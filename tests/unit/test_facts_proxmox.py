@@ -1,7 +1,7 @@
 import pytest
 
-from facts._parse import UnparsedOutput
-from facts.proxmox import parse_boot_tool_status, parse_kernel_list, parse_pve_configs
+from gpuhost.observe.parse import UnparsedOutput
+from gpuhost.observe.proxmox import parse_boot_tool_status, parse_kernel_list, parse_pve_configs
 from tests.unit.conftest import FIXTURES, proxmox
 
 

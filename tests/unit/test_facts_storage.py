@@ -1,11 +1,11 @@
-"""`zpool status -x` and `pvesm status` as the gate reads them (facts/storage.py)."""
+"""`zpool status -x` and `pvesm status` as the gate reads them (gpuhost/observe/storage.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from facts._parse import UnparsedOutput
-from facts.storage import parse_storage_health
+from gpuhost.observe.parse import UnparsedOutput
+from gpuhost.observe.storage import parse_storage_health
 
 DEGRADED = """\
   pool: tank

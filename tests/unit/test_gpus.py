@@ -2,7 +2,6 @@
 
 import pytest
 
-from facts.nvidia import parse_gpu_query
 from gpuhost.observe.gpus import (
     AUDIO,
     GPUS,
@@ -11,6 +10,7 @@ from gpuhost.observe.gpus import (
     model_name,
     needs_open_modules,
 )
+from gpuhost.observe.nvidia import parse_gpu_query
 from tests.unit.conftest import captured
 
 

@@ -8,17 +8,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from facts.files import ManagedFiles
-from facts.guestsoft import (
-    GuestFacts,
-    ServiceState,
-    System,
-    VenvState,
-    commands,
-    parse_guest,
-)
-from facts.nvidia import DriverVersion
-from gpuhost.guestsw.cudarepos import GuestOs
 from gpuhost.guestsw.indexconf import IndexConfig, control_indexes
 from gpuhost.guestsw.plan import (
     KEYRING,
@@ -32,6 +21,17 @@ from gpuhost.guestsw.plan import (
     planned_paths,
 )
 from gpuhost.guestsw.render import render_guest_plan
+from gpuhost.observe.files import ManagedFiles
+from gpuhost.observe.guestsoft import (
+    GuestFacts,
+    GuestOs,
+    ServiceState,
+    System,
+    VenvState,
+    commands,
+    parse_guest,
+)
+from gpuhost.observe.nvidia import DriverVersion
 from gpuhost.spec.guests import LxcGuest
 
 GIB = 1 << 30

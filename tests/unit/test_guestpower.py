@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from facts.proxmox import parse_guest_lists, parse_pve_configs
+from gpuhost.observe.proxmox import parse_guest_lists, parse_pve_configs
 from gpuhost.plan.guests.power import (
     Startup,
     StartupFormatError,

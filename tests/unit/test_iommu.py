@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from facts.kernel import KernelCmdline
+from gpuhost.observe.kernel import KernelCmdline
 from gpuhost.plan.boot.iommu import plan_iommu
 from tests.unit.conftest import captured
 

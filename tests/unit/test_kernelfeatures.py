@@ -1,13 +1,13 @@
 """What a kernel carries from Proxmox's packaging, read from its package (real dpkg-deb builds)
-or the host's files, and the refusals that follow (gpuhost.build.features, facts/zfs.py)."""
+or the host's files, and the refusals that follow (gpuhost.build.features, gpuhost/observe/zfs.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from facts.zfs import parse_kernel_features, parse_zfs_use
 from gpuhost.build.debinfo import DebError
-from gpuhost.build.features import KernelFeatures, feature_problems, package_features
+from gpuhost.build.features import feature_problems, package_features
+from gpuhost.observe.zfs import KernelFeatures, parse_kernel_features, parse_zfs_use
 from tests.kerneldebs import kernel_deb
 
 REL = "6.14.8-2-bpo12-pve"

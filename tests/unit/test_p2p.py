@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from facts.nvidia import parse_gpu_query, parse_p2p, parse_topology
+from gpuhost.observe.nvidia import parse_gpu_query, parse_p2p, parse_topology
 from gpuhost.plan.p2p import plan_p2p
 from tests.unit.conftest import captured
 

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from facts.cuda import parse_cuda_probe
 from gpuhost.audit.p2p_checks import data_findings
+from gpuhost.observe.cuda import parse_cuda_probe
 
 A, B = "0000:43:00.0", "0000:44:00.0"
 OK = ["CUDA_SUCCESS", "CUDA_SUCCESS"]

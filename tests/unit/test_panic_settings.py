@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from facts._parse import UnparsedOutput
-from facts.kernel import PanicSettings
+from gpuhost.observe.kernel import PanicSettings
+from gpuhost.observe.parse import UnparsedOutput
 
 CAPTURE = Path(__file__).parents[1] / "fixtures/captures/panic-sysctls/linux-6.18-dev.out"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from facts.boot import BootPath
-from facts.compilers import KernelCompilers
+from gpuhost.observe.boot import BootPath
+from gpuhost.observe.compilers import KernelCompilers
 from gpuhost.plan.driver.toolchain import choose_module_compiler
 from tests.unit.conftest import captured
 
@@ -45,7 +45,7 @@ def test_boot_path_of_a_bios_vm_without_proxmox() -> None:
 def test_release_of_a_machine_without_proxmox() -> None:
     """HostRelease on the H200 machine (recaptured 2026-12-03 19:08 UTC): Ubuntu 24.04's
     os-release, no pve-manager, so no Proxmox release to plan an upgrade from."""
-    from facts.release import HostReleaseFact
+    from gpuhost.observe.release import HostReleaseFact
 
     release = HostReleaseFact().process(captured("h200x1", "HostRelease"))
     assert (release.distribution, release.debian, release.codename) == ("ubuntu", "24.04", "noble")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from deploys.rebind import rebind_script, refusal
-from facts._parse import UnparsedOutput
-from facts.rebind import BoardBinding, Holder, parse_board_state
+from gpuhost.observe.parse import UnparsedOutput
+from gpuhost.observe.rebind import BoardBinding, Holder, parse_board_state
 
 BOARD = ("0000:c1:00.0", "0000:c1:00.1")
 # As the fact's command prints it on a host where CT 200 runs CUDA on the GPU (minor 6).

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from facts.compilers import KernelCompilers, parse_compilers
+from gpuhost.observe.compilers import KernelCompilers, parse_compilers
 from gpuhost.plan.driver.toolchain import (
     GIB,
     Compiler,

@@ -3,8 +3,8 @@ inventory passes it, and a host that came up with the wrong driver or parameters
 
 from __future__ import annotations
 
-from facts.cuda import DEFAULT_SIZES
 from gpuhost.audit.gate import GATE, run_gate
+from gpuhost.observe.cuda import DEFAULT_SIZES
 from gpuhost.spec.inventory import load_inventory
 from tests.unit.test_audit_replay import WRONG, replay
 

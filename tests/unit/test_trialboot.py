@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from facts.boot import parse_boot_path
-from facts.proxmox import parse_boot_tool_status
+from gpuhost.observe.boot import parse_boot_path
+from gpuhost.observe.proxmox import parse_boot_tool_status
 from gpuhost.plan.trial.boot import TrialBoot, plan_trial_boot
 from gpuhost.plan.trial.entry import TRIAL_ENTRY
 from gpuhost.plan.trial.esp import ESP_MOUNTS, grub_entry, on_esp, systemd_boot_entry
@@ -421,7 +421,7 @@ def test_trial_command_line_and_deadline() -> None:
 
 
 def test_unknown_path_and_full_boot_are_refused() -> None:
-    from facts.boot import BootPathInfo
+    from gpuhost.observe.boot import BootPathInfo
 
     unknown = plan_trial_boot(OLD, NEW, BootPathInfo(), None)
     assert unknown.method == "unknown" and "capture the facts again" in (unknown.refusal or "")

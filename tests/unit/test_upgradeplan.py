@@ -3,9 +3,9 @@ refuses a spec still of the previous release, naming the fields and the fix."""
 
 import pytest
 
-from facts._parse import UnparsedOutput
-from facts.release import HostRelease, parse_release
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.observe.parse import UnparsedOutput
+from gpuhost.observe.release import HostRelease, parse_release
 from gpuhost.plan.make import PlanError, make_plan
 from gpuhost.spec.host import HostSpec
 from tests.unit.hosts import kpro6

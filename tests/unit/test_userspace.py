@@ -12,9 +12,10 @@ from pydantic import ValidationError
 from pyinfra.context import ctx_host, ctx_state
 
 from deploys import context, userspace
-from facts._parse import UnparsedOutput
-from facts.driver_install import DriverUserspace, parse_userspace_state
-from facts.snapshot import split_combined
+from facts.driver_install import DriverUserspace
+from gpuhost.observe.driver_install import parse_userspace_state
+from gpuhost.observe.parse import UnparsedOutput
+from gpuhost.observe.snapshot import split_combined
 from gpuhost.plan.driver.userspace import PERSISTENCED_UNIT, PERSISTENCED_WANTS
 from gpuhost.plan.make import PlanError, make_plan
 from gpuhost.spec.host import HostSpec

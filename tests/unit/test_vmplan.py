@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from facts.proxmox import parse_pci_mappings
+from gpuhost.observe.proxmox import parse_pci_mappings
 from gpuhost.plan.guests.vms import PciMapping, mapping_id, raw_slots
 from gpuhost.plan.make import PlanError, make_plan
 from tests.unit.hosts import kpro6

@@ -9,7 +9,6 @@ from dataclasses import replace
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.plan.boot import cmdline as bootconf
 from gpuhost.plan.boot.iommu import plan_iommu
-from gpuhost.plan.trial.params import trial_cmdline_names
 from gpuhost.spec.host import HostSpec
 
 
@@ -30,12 +29,14 @@ def boot_config(
     problems: list[str],
     notes: list[str],
     trial_params: tuple[str, ...] = (),
+    transient: frozenset[str] = frozenset(),
 ) -> tuple[bootconf.BootConfig, bool]:
     """The boot loader files and whether host devices get identity domains (iommu=pt).
 
     ``trial_params`` go on the command line while a trial boot is due or under way. Once it is
     done they leave the files, but a running kernel booted with them is not a reason to reboot
-    (they only make a failing kernel reboot by itself), so they are never "absent"."""
+    (they only make a failing kernel reboot by itself): parameters named in ``transient`` (the
+    trial's, from the caller that plans the trial) are never "absent"."""
     files = loader_files(facts, loader)
     configured, trouble = bootconf.configured(loader, files)
     problems += trouble
@@ -61,9 +62,8 @@ def boot_config(
     else:
         config = bootconf.grub(files, [p for p, _ in configured], wanted)
     problems += config.problems
-    lingering = set(trial_cmdline_names())
     config = replace(
-        config, absent=[p for p in config.absent if p.split("=", 1)[0] not in lingering]
+        config, absent=[p for p in config.absent if p.split("=", 1)[0] not in transient]
     )
     return config, iommu.identity_domains
 

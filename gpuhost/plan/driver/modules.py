@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gpuhost.build.artifacts import ArtifactKey
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.plan.driver.toolchain import CompilerChoice, ToolchainError, choose_module_compiler
 from gpuhost.spec.host import HostSpec
@@ -28,14 +27,6 @@ class DriverModules:
     @property
     def install_dir(self) -> str:
         return f"/lib/modules/{self.kernel}/{INSTALL_SUBDIR}"
-
-    @property
-    def key(self) -> ArtifactKey | None:
-        """The store key. The compiler in it is the kernel's: the modules are good for that
-        kernel whichever host built them, as long as the compiler's version was the kernel's."""
-        if self.kernel_compiler is None:
-            return None
-        return ArtifactKey(MODULES_KIND, self.version, self.kernel, self.kernel_compiler)
 
 
 def _host_choice(cc_text: str, available: dict[str, str]) -> CompilerChoice:

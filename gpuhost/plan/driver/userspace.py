@@ -7,8 +7,8 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from facts.pci import nvswitches
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.observe.pci import nvswitches
 from gpuhost.spec.host import HostSpec
 
 # Where the installer is uploaded and run; removed once the install is verified.

@@ -8,8 +8,8 @@ naming the guest, whether or not a process holds the device at that moment.
 
 from __future__ import annotations
 
-from facts.proxmox import MAPPINGS_FILE, parse_pci_mappings
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.observe.proxmox import MAPPINGS_FILE, parse_pci_mappings
 from gpuhost.plan.guests.containers import dev_path, effective_devs
 from gpuhost.plan.guests.split import slot
 from gpuhost.plan.guests.vms import raw_slots

@@ -29,9 +29,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from facts.containers import PackageVersion
-from facts.proxmox import GuestConfig
+from gpuhost.observe.containers import PackageVersion
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.observe.proxmox import GuestConfig
 from gpuhost.plan.guests.devices import node_major, node_minor
 from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.host import HostSpec

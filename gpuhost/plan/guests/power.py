@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from facts.proxmox import GuestConfig
+from gpuhost.observe.proxmox import GuestConfig
 
 GuestId = tuple[str, int]  # ("lxc", 101) | ("qemu", 100)
 NO_ORDER = 2**63 - 1  # Proxmox sorts a guest without `order` as LONG_MAX: last to start

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from facts.pci import PciDevice, nvswitches
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.observe.pci import PciDevice, nvswitches
 from gpuhost.spec.grammar import Q35_FIX, machine_is_q35
 from gpuhost.spec.guests import LxcGuest, VmGuest
 from gpuhost.spec.host import HostSpec

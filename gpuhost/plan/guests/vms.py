@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from facts.proxmox import GuestConfig
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.observe.proxmox import GuestConfig
 from gpuhost.plan.guests.split import slot
 
 MAPPING_PREFIX = "gpuhost-"

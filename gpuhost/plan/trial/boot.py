@@ -16,14 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from facts.boot import (
-    BOOT_UUIDS,
-    GRUB_CFG,
-    GRUBENV,
-    NEXT_BOOT_PIN,
-    BootPathInfo,
-)
-from facts.proxmox import BootToolStatus
+from gpuhost.observe.boot import BOOT_UUIDS, GRUB_CFG, GRUBENV, NEXT_BOOT_PIN, BootPathInfo
+from gpuhost.observe.proxmox import BootToolStatus
 from gpuhost.plan.trial.entry import TRIAL_ENTRY, trial_entry_steps
 from gpuhost.plan.trial.esp import (
     default_is,

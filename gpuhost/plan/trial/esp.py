@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from facts.boot import EFIVARS, LOADER_GUID
+from gpuhost.observe.boot import EFIVARS, LOADER_GUID
 
 ESP_MOUNTS = "/run/gpuhost/esp"  # never /var/tmp/espmounts: proxmox-boot-tool mounts there
 

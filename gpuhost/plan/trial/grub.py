@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from facts.boot import GRUB_CFG
+from gpuhost.observe.boot import GRUB_CFG
 from gpuhost.plan.boot import grub as grubconf
 from gpuhost.plan.trial.entry import TRIAL_INITRD_DIR
 from gpuhost.plan.trial.esp import grub_default_is, grub_entry, on_esp, sh_quote

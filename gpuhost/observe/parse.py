@@ -1,15 +1,13 @@
-"""Helpers shared by the fact parsers: loud failures and exit-status framing."""
+"""Helpers shared by the probes' parsers: loud failures and exit-status framing."""
 
 from __future__ import annotations
-
-from pyinfra.api.exceptions import FactProcessError
 
 # Appended to commands whose failure is a state worth reporting (no driver loaded, no
 # proxmox-boot-tool configuration) rather than an error that should fail the host.
 STATUS_MARK = "#gpuhost-exit="
 
 
-class UnparsedOutput(FactProcessError):
+class UnparsedOutput(ValueError):
     """Output a parser does not understand. Parsers never guess: they name the line."""
 
     def __init__(self, what: str, line: str, why: str = "unexpected line") -> None:

@@ -13,10 +13,39 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from facts._parse import UnparsedOutput
-from facts.files import ManagedFiles, parse_managed_files
-from facts.nvidia import DriverVersion, parse_driver_version
-from gpuhost.guestsw.cudarepos import GPGV, SQV, SQV_POLICY, GuestOs, parse_os_release
+from gpuhost.observe.files import ManagedFiles, parse_managed_files
+from gpuhost.observe.nvidia import DriverVersion, parse_driver_version
+from gpuhost.observe.parse import UnparsedOutput
+
+# apt's verifiers (APT_VERIFIER below): sqv is apt's method on Debian 13 (apt
+# 2.9.19 "Replace GnuPG with Sequoia", NEWS.Debian); "sqv-policy": an operator's policy file
+# overrides Debian's; gpgv: apt before 2.9.19 (Debian 12, Ubuntu 22.04 and 24.04).
+SQV, SQV_POLICY, GPGV = "sqv", "sqv-policy", "gpgv"
+_OS_LINE = re.compile(r"(?P<key>[A-Z][A-Z0-9_]*)=(?P<value>\"[^\"\\`$]*\"|'[^']*'|[^\s\"'\\`$]*)")
+
+
+@dataclass(frozen=True)
+class GuestOs:
+    id: str  # os-release ID, e.g. debian, ubuntu
+    version_id: str  # VERSION_ID, e.g. 13, 24.04 (empty on Debian testing/sid)
+    pretty: str  # PRETTY_NAME, for messages
+
+
+def parse_os_release(lines: list[str]) -> GuestOs | None:
+    """os-release(5) text -> GuestOs; None when it names no ID (no os-release at all).
+
+    Lines that do not fit the KEY=value grammar (comments, blank lines) are ignored."""
+    values: dict[str, str] = {}
+    for line in lines:
+        match = _OS_LINE.fullmatch(line.strip())
+        if match:
+            values[match["key"]] = match["value"].strip("\"'")
+    if not values.get("ID"):
+        return None
+    return GuestOs(
+        values["ID"], values.get("VERSION_ID", ""), values.get("PRETTY_NAME", values["ID"])
+    )
+
 
 UV_PATH = "/usr/local/bin/uv"
 STAMP = ".gpuhost-stamp"  # in a venv: the install it holds (guestplan.venv_stamp)

@@ -1,0 +1,91 @@
+"""The files gpuhost manages, read in one command: contents, symlinks, and gpuhost's own records."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass, field
+
+from gpuhost.observe.parse import UnparsedOutput
+from gpuhost.observe.probe import Probe
+
+# Every file a deploy writes, edits or records. Owned files are named gpuhost-* or live in
+# gpuhost's directories; shared files (/etc/kernel/cmdline, /etc/default/grub and its drop-ins,
+# read to know the user's own kernel parameters) are never rewritten wholesale.
+MANAGED_PATHS = (
+    "/etc/kernel/cmdline",
+    "/etc/default/grub",
+    "/etc/default/grub.d/*.cfg",
+    "/etc/gpuhost/*",
+    "/etc/modprobe.d/gpuhost-*.conf",
+    "/etc/modules-load.d/gpuhost-*.conf",
+    "/etc/initramfs-tools/hooks/gpuhost-*",
+    "/etc/systemd/system/gpuhost-*",
+    "/etc/systemd/system/*.wants/gpuhost-*",
+    "/etc/systemd/system/*.d/gpuhost-*.conf",
+    "/usr/local/lib/gpuhost/*",
+    "/var/lib/gpuhost/*",
+    # Proxmox's, read only: the node name (/etc/pve/local links to nodes/<node>), the cluster
+    # CA the API is verified against, and the PCI mappings gpuhost creates through the API.
+    "/etc/pve/local",
+    "/etc/pve/pve-root-ca.pem",
+    "/etc/pve/mapping/pci.cfg",
+)
+_LINE = re.compile(r"(?P<kind>[FL]) (?P<path>/\S+) (?P<value>\S*)")
+
+
+@dataclass(frozen=True)
+class ManagedFiles:
+    files: dict[str, str] = field(default_factory=dict)  # path -> text of regular files
+    links: dict[str, str] = field(default_factory=dict)  # path -> symlink target
+
+
+def parse_managed_files(lines: list[str]) -> ManagedFiles:
+    files: dict[str, str] = {}
+    links: dict[str, str] = {}
+    for line in lines:
+        match = _LINE.fullmatch(line)
+        if not match:
+            raise UnparsedOutput("managed files", line)
+        if match["kind"] == "L":
+            links[match["path"]] = match["value"]
+            continue
+        try:
+            files[match["path"]] = base64.b64decode(match["value"], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise UnparsedOutput("managed files", line, f"not base64 text: {exc}") from None
+    return ManagedFiles(files, links)
+
+
+class ConfigFiles(Probe[ManagedFiles]):
+    """
+    Returns the files gpuhost manages that exist now: ``files`` (path -> text, exactly as on
+    disk) and ``links`` (path -> symlink target). Absent paths are in neither. One line per
+    path: ``F <path> <base64 content>`` or ``L <path> <target>``, so any content survives.
+    """
+
+    default = ManagedFiles
+
+    def command(self) -> str:
+        return (
+            f"for f in {' '.join(MANAGED_PATHS)}; do "
+            'if [ -L "$f" ]; then echo "L $f $(readlink "$f")"; '
+            'elif [ -f "$f" ]; then echo "F $f $(base64 -w0 <"$f")"; fi; done'
+        )
+
+    def process(self, output: list[str]) -> ManagedFiles:
+        return parse_managed_files(output)
+
+
+class BootId(Probe[str]):
+    """Returns this boot's id (``/proc/sys/kernel/random/boot_id``): a reboot changes it."""
+
+    def command(self) -> str:
+        return "cat /proc/sys/kernel/random/boot_id"
+
+    def process(self, output: list[str]) -> str:
+        value = "".join(output).strip()
+        if not re.fullmatch(r"[0-9a-f-]{36}", value):
+            raise UnparsedOutput("boot_id", value)
+        return value
