@@ -25,4 +25,3 @@ def test_ruff_format_is_clean() -> None:
         text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-
