@@ -83,3 +83,10 @@ def test_no_file_cites_a_note_outside_the_repository() -> None:
 def test_readme_is_for_users() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 210, f"README.md has {len(lines)} lines; move detail into docs/"
+
+
+def test_readme_gives_the_test_command_ci_runs() -> None:
+    ci = [line for line in (ROOT / ".ci/run").read_text().splitlines() if line.strip()]
+    command = ci[-1].strip()  # .ci/run's last line runs the tests
+    quick_start = (ROOT / "README.md").read_text().split("## Quick start", 1)[1].split("\n## ")[0]
+    assert f"    {command} " in quick_start, f"README's quick start must show {command!r}"
