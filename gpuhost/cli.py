@@ -108,7 +108,8 @@ def _twin_missing(_: argparse.Namespace) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `gpuhost` parser with every subcommand (docs/reference/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(
         prog="gpuhost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -134,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     script.set_defaults(run=lambda _: print(capture_script(), end="") or 0)
     buildcmd.add_parser(sub)
     _add_plugin_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.run is not _twin_missing:  # that one takes any arguments
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

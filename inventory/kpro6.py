@@ -43,7 +43,7 @@ gpu_hosts = [
                     "cuda": ["12.8", "13.0"],
                     # deploys/gpu_guest.py also needs "cuda_repo": {"url": NVIDIA's network
                     # repository for the container's distribution, "keyring": a copy of its
-                    # signing key on this machine} (README: Guest software)
+                    # signing key on this machine} (docs/guides/guest-software.md)
                     "env": {"NCCL_IB_DISABLE": "1"},
                 },
             ],

@@ -22,7 +22,7 @@ SPECS = {  # hardware profile -> the spec a twin of that profile is provisioned 
     "kpro6": load_inventory(_HERE / "kpro6.py")["kpro6"][0].model_dump(mode="json"),
     # a GRUB/Intel board whose IOMMU groups need the ACS override; all GPUs to one container.
     # Its /boot is on LVM: GRUB has no true one-shot there, so its trial boots are accepted
-    # explicitly (README: the trial boot), as the owner of such a host must.
+    # explicitly (docs/concepts.md, Trial boots), as the owner of such a host must.
     "lumped": {
         "kernel": {"version": "6.8.12-9-pve", "trial": {"without_oneshot": True}},
         "driver": {"version": "580.95.05"},

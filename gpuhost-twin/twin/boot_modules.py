@@ -1,6 +1,6 @@
 """Kernel modules at boot: initramfs, modules-load, udev coldplug and binding.
 
-The race (domain.md "GPUs in VMs"): systemd-modules-load.service and udev's coldplug
+The race (docs/hazards.md "GPUs in VMs"): systemd-modules-load.service and udev's coldplug
 (systemd-udev-trigger + udevd's workers) run with no ordering between them, and udev handles
 devices' "add" events in parallel, so a udev rule that writes a device's driver_override can
 run after nvidia was loaded, by modules-load or by another board's modalias autoload; loading

@@ -3,7 +3,7 @@ GSP firmware and the userspace libraries (libcuda, libnvidia-ml: twin/userspace.
 whose driver was installed earlier has. Then boot it. ``install_userspace`` gives a guest the
 userspace alone, like `NVIDIA-Linux-x86_64-<ver>.run --no-kernel-modules` run inside it.
 
-The real NVIDIA module cannot be built here (feasibility.md); these modules carry the version,
+The real NVIDIA module cannot be built here (docs/development.md); these modules carry the version,
 vermagic and compiler of a real build, which is all the simulated kernel checks.
 """
 

@@ -26,7 +26,7 @@ Without the snapshot the config files are read directly: /etc/kernel/{next-boot-
 proxmox-boot-pin,cmdline} for systemd-boot; /etc/default/grub + /etc/default/grub.d/*.cfg
 (GRUB_DEFAULT from proxmox-kernel-pin.cfg) for GRUB; else the newest /boot/vmlinuz-*.
 
-One-shots (trial-boot.md §1.3, §2.1, §2.3), consumed before the kernel starts:
+One-shots (docs/reference/trial-boot.md §1.3, §2.1, §2.3), consumed before the kernel starts:
 - systemd-boot: EFI variable LoaderEntryOneShot (deleted on read), then LoaderEntryDefault, then
   the snapshot's default, then the first (newest) entry. IDs are glob-matched against
   `proxmox-<kver>.conf`; one that matches nothing falls through. LoaderEntrySelected = the booted ID.

@@ -3,7 +3,7 @@
 The twin's kernels are simulated, but modules are real ELF objects: the simulated kernel reads
 their vermagic and .comment exactly as a real one would. Debian's linux-headers (6.1) are
 re-stamped with a Proxmox release name so `make -C /lib/modules/<kver>/build M=$PWD modules`
-produces a .ko whose vermagic is "<kver> SMP preempt mod_unload modversions" (feasibility.md: ~1 s).
+produces a .ko whose vermagic is "<kver> SMP preempt mod_unload modversions" (docs/development.md: ~1 s).
 
     headers = stamp_headers(Path("/"), "6.8.12-9-pve", dest)         # dest/usr/src/linux-headers-...
     ko = build_module(headers, "nvidia", "580.159.04", workdir)      # gcc-12, like the kernel

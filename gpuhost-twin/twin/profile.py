@@ -38,7 +38,7 @@ PROFILES_DIR = Path(__file__).parent / "profiles"
 
 BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 HEX4_RE = re.compile(r"^[0-9a-f]{4}$")
-# Link and P2P vocabularies of `nvidia-smi topo -m` / `topo -p2p` (formats.md §8, captures).
+# Link and P2P vocabularies of `nvidia-smi topo -m` / `topo -p2p` (docs/reference/formats.md §8, captures).
 LINKS = re.compile(r"^(X|SYS|NODE|PHB|PXB|PIX|NV\d+)$")
 P2P_STATES = {"X", "OK", "CNS", "GNS", "TNS", "NS", "U"}
 P2P_MODES = ("r", "w", "n", "a", "p")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gpuhost.build.artifacts import Artifact, ArtifactError, ArtifactKey, StoreReader
 from gpuhost.plan.driver.toolchain import ToolchainError, parse_compiler
 
-# Packages of a Proxmox kernel by release (formats.md §6): the image (the -signed build
+# Packages of a Proxmox kernel by release (docs/reference/formats.md §6): the image (the -signed build
 # provides this name) and the headers NVIDIA modules are built against.
 PROXMOX_PACKAGES = ("proxmox-kernel-{release}", "proxmox-headers-{release}")
 

@@ -259,7 +259,7 @@ def make_guest_plan(
         if guest.cuda_repo is None:
             problems.append(
                 "cuda needs cuda_repo: the url of NVIDIA's CUDA repository for the guest's "
-                "distribution and the path of its signing key (README: Guest software)"
+                "distribution and the path of its signing key (docs/guides/guest-software.md)"
             )
         elif key is None:
             problems.append(

@@ -1,7 +1,7 @@
 """Which compiler built each installed kernel, and which compilers the host has.
 
 Modules must be built by the compiler that built their kernel (a mismatch bricked a host,
-domain.md). A kernel names its compiler in CONFIG_CC_VERSION_TEXT; its config is installed as
+docs/hazards.md). A kernel names its compiler in CONFIG_CC_VERSION_TEXT; its config is installed as
 /boot/config-<release> and, with the headers, as /lib/modules/<release>/build/.config; some
 kernels carry it only in /proc/config.gz (the running one, e.g. the H200 capture).
 """

@@ -226,7 +226,7 @@ _LIST_MARK = re.compile(r"^==> (?P<kind>lxc|qemu) <==$")
 
 def parse_guest_lists(lines: list[str]) -> dict[tuple[str, int], str]:
     """``{("lxc", 101): "running", ("qemu", 100): "stopped"}`` from `pct list` and `qm list`
-    behind ``==> lxc <==`` / ``==> qemu <==`` marks (formats.md §2, §3).
+    behind ``==> lxc <==`` / ``==> qemu <==`` marks (docs/reference/formats.md §2, §3).
 
     Rows are split on whitespace, not cut at the printf widths: a name wider than its column
     pushes the rest right. `pct list`: VMID Status [Lock] [Name], so the status is the second

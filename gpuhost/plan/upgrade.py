@@ -26,7 +26,7 @@ from gpuhost.plan.driver.toolchain import ToolchainError, choose_module_compiler
 from gpuhost.plan.reasons import _version_key  # proxmox-boot-tool's order
 from gpuhost.spec.host import HostSpec
 
-GUIDE = "README: Upgrading a host from Proxmox VE 8 to 9"
+GUIDE = "docs/guides/upgrade-pve9.md"
 
 
 @dataclass(frozen=True)

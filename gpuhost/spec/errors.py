@@ -87,7 +87,7 @@ def _unknown_field(loc: tuple[int | str, ...], path: str) -> str:
     if close:
         base = path[: -len(name)] if path.endswith(name) else ""
         return f"{path}: unknown field; did you mean {base}{close[0]}?"
-    return f"{path}: unknown field; check the spelling against the inventory reference in README.md"
+    return f"{path}: unknown field; check the spelling against docs/reference/inventory.md"
 
 
 TYPE_HINTS = {

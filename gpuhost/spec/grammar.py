@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-# --- grammars (one place; README and tests refer to them) -------------------------------------
+# --- grammars (one place; docs/reference/inventory.md and tests refer to them) -------------------------------------
 
 BDF_RE = re.compile(
     r"(?:(?P<domain>[0-9a-fA-F]{4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-1][0-9a-fA-F])\.(?P<fn>[0-7])"
@@ -129,7 +129,7 @@ PY_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 MAX_TEXT = 4096  # no spec string is longer (bounds messages and regex work)
 
 
-# One line per grammar, for README's inventory reference (python -m gpuhost.docs). Every match
+# One line per grammar, for docs/reference/inventory.md (python -m gpuhost.docs). Every match
 # is against the whole string; all grammars are ASCII.
 GRAMMARS = {
     "kernel release (kernel.version, kernel.keep)": "X.Y.Z-N[-bpoN][-word...]-pve, as `uname -r` "

@@ -1,6 +1,6 @@
 """The host spec: what an inventory says a Proxmox GPU host must be (pydantic v2).
 
-Every field has a default or is required, and a description; README's inventory reference is
+Every field has a default or is required, and a description; docs/reference/inventory.md is
 generated from these models (tests fail when it drifts). Validation is pure: no host is
 contacted. Checks that need the live hardware (unknown BDF, IOMMU groups) live in the planner.
 

@@ -125,7 +125,7 @@ def gpu_host(
     """An inventory entry ``(name, data)`` whose ``data["gpuhost"]`` is the validated spec.
 
     + name: the pyinfra host name (also the SSH host unless ``ssh_hostname`` is given)
-    + spec: the host spec as plain data (see README, "Inventory reference")
+    + spec: the host spec as plain data (see docs/reference/inventory.md)
     + source: the inventory file, for error messages (default: the caller's file)
     + host_data: other pyinfra host data, e.g. ``ssh_hostname``, ``ssh_user``; SSH host keys are
       verified (``ssh_strict_host_key_checking="yes"``) unless the host data says otherwise.

@@ -273,6 +273,6 @@ def test_devn_on_a_proxmox_without_it_is_refused_before_anything_changes(kpro6):
         status.write_text(text)
 
 
-def test_the_readme_names_the_restore_path():
-    text = (ROOT / "README.md").read_text()
+def test_the_containers_guide_names_the_restore_path():
+    text = (ROOT / "docs/guides/containers.md").read_text()
     assert "/var/lib/gpuhost/backups/lxc-200-" in text

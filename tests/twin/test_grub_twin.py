@@ -1,5 +1,5 @@
 """A plain-GRUB twin (/boot on LVM): the real grub-reboot writes the twin's grubenv, and the
-entry sticks across boots because GRUB cannot save_env there (trial-boot.md §2.3)."""
+entry sticks across boots because GRUB cannot save_env there (docs/reference/trial-boot.md §2.3)."""
 
 twin_profile = "lumped"
 

@@ -28,7 +28,7 @@ def test_every_boot_is_simulated(twin):
 
 
 def test_bootctl_oneshot_over_ssh_is_consumed_by_the_next_boot(twin):
-    # the recipe of trial-boot.md §1.4, as a deploy would run it on the twin
+    # the recipe of docs/reference/trial-boot.md §1.4, as a deploy would run it on the twin
     g = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
     old = twin.run("uname -r")[1].strip()
     rc, out, err = twin.run(

@@ -1,4 +1,4 @@
-"""The twin's Proxmox API over HTTPS, driven by the real proxmoxer client (pve-api.md): a
+"""The twin's Proxmox API over HTTPS, driven by the real proxmoxer client (docs/reference/pve-api.md): a
 privilege-separated token has only the ACLs granted to it, root-only changes are refused, and
 tasks run (`running`, then `stopped`) under the token's name."""
 

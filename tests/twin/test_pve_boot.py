@@ -1,4 +1,4 @@
-"""proxmox-boot-tool, update-grub, update-initramfs and the boot snapshot (formats.md §5)."""
+"""proxmox-boot-tool, update-grub, update-initramfs and the boot snapshot (docs/reference/formats.md §5)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,8 @@ def test_next_boot_pin_is_the_loader_default_until_cleanup(esp: Path) -> None:
     run(esp, TOOL, "kernel", "pin", OLD)
     run(esp, TOOL, "kernel", "pin", NEW, "--next-boot")
     run(esp, TOOL, "refresh")
-    cfg = bootcfg(esp)  # loader.conf `default proxmox-NEW.conf`: no one-shot (trial-boot.md §5)
+    # loader.conf `default proxmox-NEW.conf`: no one-shot (docs/reference/trial-boot.md §5)
+    cfg = bootcfg(esp)
     assert (cfg["kernel_default"], cfg["kernel_pin"], cfg["next_boot_pin"]) == (NEW, OLD, NEW)
     assert json.loads((esp / bl.ESP_STATE).read_text())["9B1C-4F2A"]["default"] == (
         f"proxmox-{NEW}.conf"

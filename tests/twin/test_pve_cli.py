@@ -1,4 +1,4 @@
-"""pct, qm and pvesh of the twin: output formats and rejections (formats.md §2-§4)."""
+"""pct, qm and pvesh of the twin: output formats and rejections (docs/reference/formats.md §2-§4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""/etc/pve guest configs: Proxmox's parser/writer rules (formats.md §1, §3)."""
+"""/etc/pve guest configs: Proxmox's parser/writer rules (docs/reference/formats.md §1, §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""True one-shots on the twin's boot loaders (trial-boot.md): systemd-boot's LoaderEntryOneShot,
+"""True one-shots on the twin's boot loaders (docs/reference/trial-boot.md): systemd-boot's LoaderEntryOneShot,
 GRUB's next_entry on ESPs and on LVM, proxmox-boot-tool's sticky --next-boot, panic=N."""
 
 from __future__ import annotations

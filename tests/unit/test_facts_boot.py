@@ -1,4 +1,4 @@
-"""The BootPath fact: its parser on constructed outputs (formats of trial-boot.md) and its
+"""The BootPath fact: its parser on constructed outputs (formats of docs/reference/trial-boot.md) and its
 command on this (non-Proxmox) machine."""
 
 import subprocess

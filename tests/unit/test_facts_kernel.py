@@ -44,7 +44,7 @@ def test_kernel_build_from_real_proc_version(machine: str) -> None:
 
 
 def test_kernel_build_proxmox_and_clang() -> None:
-    # Proxmox kernels are built by Debian's GCC; the shape matches formats.md / domain.md
+    # Proxmox kernels are built by Debian's GCC; the shape matches docs/reference/formats.md / docs/hazards.md
     pve = parse_kernel_build(
         [
             "Linux version 6.8.12-9-pve (build@proxmox) (gcc (Debian 12.2.0-14) 12.2.0, GNU ld (GNU "

@@ -61,7 +61,7 @@ def test_topology_single_gpu() -> None:
 
 
 def test_topology_pcie_with_nics_and_older_columns() -> None:
-    # Layout of formats.md §8 (8x RTX 4090, NICs, NUMA 1 with GPU NUMA ID N/A), 3 GPUs kept
+    # Layout of docs/reference/formats.md §8 (8x RTX 4090, NICs, NUMA 1 with GPU NUMA ID N/A), 3 GPUs kept
     lines = [
         "\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID",
         "GPU0\t X \tNODE\tSYS\tSYS\t0-55,112-167\t0\t\tN/A",

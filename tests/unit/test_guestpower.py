@@ -14,7 +14,7 @@ from gpuhost.plan.guests.power import (
     plan_guest_power,
 )
 
-# formats.md §2/§3: pct list "%-10s %-10s %-12s %-20s", qm list "%10s %-20s %-10s %-10s %12s %-10s"
+# docs/reference/formats.md §2/§3: pct list "%-10s %-10s %-12s %-20s", qm list "%10s %-20s %-10s %-10s %12s %-10s"
 LISTS = [
     "==> lxc <==",
     "VMID       Status     Lock         Name                ",

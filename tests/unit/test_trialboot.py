@@ -1,4 +1,4 @@
-"""Trial boot planning for each boot path (shared/trial-boot.md), on the BootPath and
+"""Trial boot planning for each boot path (docs/reference/trial-boot.md), on the BootPath and
 proxmox-boot-tool outputs of tests/fixtures/proxmox/facts."""
 
 import shlex

@@ -1,5 +1,5 @@
 """findmnt -T PATH: the file system a path lives on, as the profile's install laid the disks out
-(trial-boot.md §0; hwsim/storage.py): ZFS (rpool/ROOT/pve-1) on ESP hosts, LVM (pve/root) for a
+(docs/reference/trial-boot.md §0; hwsim/storage.py): ZFS (rpool/ROOT/pve-1) on ESP hosts, LVM (pve/root) for a
 plain GRUB install with /boot on the root, a plain partition otherwise. The twin's own overlay
 mount is not what a real host would show, so the real findmnt is not asked."""
 

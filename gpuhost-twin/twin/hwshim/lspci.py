@@ -1,4 +1,4 @@
-"""lspci, as pciutils 3.9 prints it (formats.md §7): names from the root's pci.ids, -nn/-n, -k,
+"""lspci, as pciutils 3.9 prints it (docs/reference/formats.md §7): names from the root's pci.ids, -nn/-n, -k,
 -v/-vv, -D, -s."""
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def lspci(argv: list[str]) -> int:
 
 
 def lspci_verbose(hw: hwsim.Hw, bdf: str, dev: dict, level: int) -> str:
-    """The -v/-vv lines gpuhost reads (constructed from pciutils' format; formats.md §7)."""
+    """The -v/-vv lines gpuhost reads (constructed from pciutils' format; docs/reference/formats.md §7)."""
     text = ""
     if dev["class"].startswith("0604"):
         text += f"\tFlags: bus master, fast devsel, latency 0, IRQ {dev['irq']}\n"

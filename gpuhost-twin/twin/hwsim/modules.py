@@ -298,7 +298,7 @@ class KernelModules(Machine):
             why = f"vermagic {info.get('vermagic', '').strip()!r} != {kinfo['vermagic']!r}"
             err = "Exec format error"
         elif gcc_release(info["comment"]) != gcc_release(kinfo["gcc"]):
-            # A real kernel would not say it; the host bricked instead (domain.md). The twin
+            # A real kernel would not say it; the host bricked instead (docs/hazards.md). The twin
             # refuses loudly so the toolchain rule is testable.
             self.klog(
                 f"{name}: twin: module built by {info['comment'] or 'an unknown compiler'} but"

@@ -112,7 +112,7 @@ class PciBinding(Machine):
         failed = self.state.setdefault("gpu_failed", {})
         failed.pop(bdf, None)
         # Seen on the operator's host only with SEV-SNP on in firmware; without SNP, iommu=pt
-        # with Blackwell on the host driver worked (domain.md).
+        # with Blackwell on the host driver worked (docs/hazards.md).
         if (
             gpu.get("fsp_fails_on_identity")
             and self.state.get("sev_snp_firmware")

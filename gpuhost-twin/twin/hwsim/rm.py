@@ -68,7 +68,7 @@ def nvswitches(hw: Hw) -> list[str]:
 
 def p2p_corrupts(hw: Hw, a: str, b: str) -> bool:
     """SEV-SNP with both GPUs in translated (non-identity) IOMMU domains: P2P DMA between them
-    silently corrupts data (domain.md); an identity domain or no SNP keeps it intact."""
+    silently corrupts data (docs/hazards.md); an identity domain or no SNP keeps it intact."""
     if not hw.state.get("sev_snp_active"):
         return False
     return all(hw.group_type(bdf) not in (None, "identity") for bdf in (a, b))

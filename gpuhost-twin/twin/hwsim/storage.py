@@ -1,6 +1,6 @@
 """The twin's disks as Proxmox's installer leaves them, and what a kernel needs to use them.
 
-Root file system (pve-installer Install.pm, trial-boot.md §0): ZFS (rpool/ROOT/pve-1) on hosts
+Root file system (pve-installer Install.pm, docs/reference/trial-boot.md §0): ZFS (rpool/ROOT/pve-1) on hosts
 whose ESPs proxmox-boot-tool manages, LVM `pve/root` for a plain GRUB install; a profile may
 name another (``boot.root_fs``: a btrfs install also boots with systemd-boot).
 

@@ -134,7 +134,7 @@ def _layout_pve(root: Path, node: str) -> None:
 
 # The Proxmox packages whose versions a deploy reads (dpkg-query): pve-container's decides
 # whether devN entries exist (5.0.7+). PVE 8 is stable-bookworm's (PVE 8.4), whose sources the
-# simulation follows (pve-api.md); PVE 9 is a 9.0 host of September 2025, each version the
+# simulation follows (docs/reference/pve-api.md); PVE 9 is a 9.0 host of September 2025, each version the
 # debian/changelog entry of its own repository (pve-container 6.0.11 of 2025-09-10, qemu-server
 # 9.0.21 of 2025-09-10, pve-manager 9.0.10 of 2025-09-12).
 PACKAGES = {"pve-container": "5.3.5", "pve-manager": "8.4.1"}

@@ -2,7 +2,7 @@
 
     python -m twin.pve.api --root <twin root> --address 127.0.0.N [--port 8006]
 
-Serves the routes of twin/pve/routes.py with pveproxy's conventions (formats.md §4): responses
+Serves the routes of twin/pve/routes.py with pveproxy's conventions (docs/reference/formats.md §4): responses
 wrapped as {"data": ...}; errors as HTTP status + reason (the message's first line) and
 {"data": null, "message": ...} plus {"errors": {...}} for parameter errors.
 Auth: `Authorization: PVEAPIToken=USER@REALM!TOKENID=SECRET`, checked like

@@ -1,6 +1,6 @@
 """The handlers of the Proxmox API paths the twin serves (routes.py maps paths to them): version,
 nodes, guests' config, pending, status, start/stop, create/delete, task status. Shapes follow
-pve-manager/pve-container/qemu-server API2 modules (formats.md §4); handlers return plain data."""
+pve-manager/pve-container/qemu-server API2 modules (docs/reference/formats.md §4); handlers return plain data."""
 
 from __future__ import annotations
 

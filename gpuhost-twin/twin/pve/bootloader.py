@@ -5,7 +5,7 @@ Modules: boot_functions (shared files and helpers), esp_sync (refresh), grub (up
 on GRUB), initramfs (update-initramfs), bootcfg (the snapshot the boot reads), this one.
 
 Follows proxmox-kernel-helper's bin/proxmox-boot-tool, proxmox-boot/functions, zz-proxmox-boot
-and proxmox-boot-sync (formats.md §5), GRUB's grub-mkconfig (sourcing /etc/default/grub and
+and proxmox-boot-sync (docs/reference/formats.md §5), GRUB's grub-mkconfig (sourcing /etc/default/grub and
 /etc/default/grub.d/*.cfg) and initramfs-tools' update-initramfs.
 
 The boot loader's view of the world changes only when Proxmox would write it: `refresh` (ESP
@@ -18,7 +18,7 @@ last), "written_by", "written_at"; plus "firmware", "kernel_pin", "next_boot_pin
 (options per kernel), "initrd" (the initramfs records synced to the ESP; null for GRUB, which reads
 /boot at boot), "grub_devid" and "grub_on_esp" (GRUB).
 
---next-boot, per the source (trial-boot.md §5): proxmox-boot-tool writes the next-boot pin into
+--next-boot, per the source (docs/reference/trial-boot.md §5): proxmox-boot-tool writes the next-boot pin into
 loader.conf `default` (systemd-boot) or GRUB_DEFAULT exactly like a permanent pin (it wins over
 it); only proxmox-boot-cleanup.service, in a boot that reaches userspace (on_boot(), run by
 twin.boot.simulate_boot after a boot that did not panic or hang), undoes it. So a trial kernel

@@ -4,7 +4,7 @@ update-initramfs, mkinitramfs (stdlib only; installed into the twin by twin.pve.
 One module per tool family: pct_qm (pct, qm), pvesh, boot_commands (proxmox-boot-tool,
 update-grub, update-initramfs, kernel hooks); clihandler parses arguments like pve-common's
 PVE::JSONSchema::get_options / PVE::CLIHandler. Output formats are pct.pm / qm.pm / pvesh's
-(formats.md §2-§4).
+(docs/reference/formats.md §2-§4).
 
 The twin's root comes from $TWIN_ROOT (default "/"), so tests can run the tools on a directory.
 """

@@ -1,6 +1,6 @@
 """Guest config files under /etc/pve, read and written the way Proxmox does (stdlib only).
 
-Sources (formats.md §1, §3): pve-container PVE::LXC::Config parse_pct_config / write_pct_config /
+Sources (docs/reference/formats.md §1, §3): pve-container PVE::LXC::Config parse_pct_config / write_pct_config /
 check_type / $confdesc / $valid_lxc_conf_keys, qemu-server PVE::QemuServer parse_vm_config /
 write_vm_config, PVE::QemuServer::PCI $hostpci_fmt, PVE::QemuServer::Machine $machine_fmt,
 pve-common PVE::Tools encode_text/decode_text.

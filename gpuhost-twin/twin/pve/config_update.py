@@ -50,7 +50,7 @@ QEMU_FASTPLUG = {"description", "hookscript", "lock", "migrate_downtime", "migra
                  "searchdomain", "sshkeys"}  # fmt: skip
 
 
-# formats.md §1: on PVE 8 a devN set on a running CT waits in [pve:pending] for the next start.
+# docs/reference/formats.md §1: on PVE 8 a devN set on a running CT waits in [pve:pending] for the next start.
 # PVE 9 (pve-container 6.0.4+, c702167 "implement device hotplug") hotplugs a new devN into the
 # running CT; a changed or removed one still waits (Config.pm vmconfig_hotplug_pending).
 HOTPLUG_NEW_LXC_DEVICES_FROM = 9

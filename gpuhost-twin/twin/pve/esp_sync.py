@@ -140,7 +140,7 @@ LOADER_TITLE = "Proxmox Virtual Environment"
 def write_systemd_boot_esp(
     root: Path, esp: Path, kernels: list[str], cmdline: str, default: str
 ) -> None:
-    """What zz-proxmox-boot leaves on a systemd-boot ESP (trial-boot.md §1.1): per kernel
+    """What zz-proxmox-boot leaves on a systemd-boot ESP (docs/reference/trial-boot.md §1.1): per kernel
     EFI/proxmox/<kver>/{vmlinuz,initrd.img}-<kver> and loader/entries/proxmox-<kver>.conf; other
     kernels' entries and directories removed; loader.conf's `default` from the pins."""
     entries, kdir = esp / "loader/entries", esp / "EFI/proxmox"

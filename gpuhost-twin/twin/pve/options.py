@@ -1,6 +1,6 @@
 """The guest config options Proxmox accepts, with their formats (stdlib only): pve-container
 $confdesc and $valid_lxc_conf_keys, qemu-server's options, $hostpci_fmt, $machine_fmt
-(formats.md §1, §3). config.py parses and checks guest configs against them."""
+(docs/reference/formats.md §1, §3). config.py parses and checks guest configs against them."""
 
 from __future__ import annotations
 

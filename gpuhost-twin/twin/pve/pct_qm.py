@@ -1,5 +1,5 @@
 """pct and qm: config, pending, set, start, stop, status, list, exec (pct.pm / qm.pm output,
-formats.md §2-§3; stdlib only)."""
+docs/reference/formats.md §2-§3; stdlib only)."""
 
 from __future__ import annotations
 

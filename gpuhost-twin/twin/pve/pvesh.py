@@ -1,4 +1,4 @@
-"""pvesh get/set/create/delete over the twin's API routes (formats.md §4; stdlib only)."""
+"""pvesh get/set/create/delete over the twin's API routes (docs/reference/formats.md §4; stdlib only)."""
 
 from __future__ import annotations
 

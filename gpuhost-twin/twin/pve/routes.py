@@ -1,7 +1,7 @@
 """The slice of the Proxmox API tree the twin serves, shared by pvesh and the HTTPS API.
 
 Paths, parameters and return shapes follow pve-manager/pve-container/qemu-server API2 modules
-(formats.md §4): /version, /nodes, /nodes/{node}/{lxc,qemu}[/{vmid}[/config|/pending|/status/...]],
+(docs/reference/formats.md §4): /version, /nodes, /nodes/{node}/{lxc,qemu}[/{vmid}[/config|/pending|/status/...]],
 /nodes/{node}/tasks/{upid}/status. Handlers (api_handlers.py) return plain data; the caller wraps it
 ({"data": ...} over HTTPS, bare JSON from pvesh).
 """

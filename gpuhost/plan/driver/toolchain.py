@@ -1,6 +1,6 @@
 """The one toolchain: which compiler may build modules for a kernel, and how many jobs fit.
 
-A module built by another GCC than its kernel's can crash the host (domain.md), so the choice is
+A module built by another GCC than its kernel's can crash the host (docs/hazards.md), so the choice is
 strict: the compiler must be GCC of the kernel's exact version (X.Y.Z). The distribution's
 package revision ("12.2.0-14" vs "12.2.0-14+deb12u1") is not compared: Kbuild's own check and
 the audit's driver.compiler compare the version, and the kernel config often names the plain
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 GIB = 1 << 30
 # Memory one parallel job may take: a C/Kbuild job (the NVIDIA modules' largest files) stays
 # well under 1 GiB; nvcc jobs (flash-attn) took several GiB each and ran hosts out of memory
-# with MAX_JOBS=128 (domain.md). Reserve is left for the host's own services and guests.
+# with MAX_JOBS=128 (docs/hazards.md). Reserve is left for the host's own services and guests.
 PER_JOB_BYTES = {"c": 1 * GIB, "nvcc": 4 * GIB}
 RESERVE_BYTES = 2 * GIB
 

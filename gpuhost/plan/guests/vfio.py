@@ -1,7 +1,7 @@
 """The VMs' PCI functions bound to vfio-pci at boot, per BDF, before any host driver can probe
 them: the files of that mechanism, planned from the Plan's ``vm_functions``.
 
-Why a modprobe.d ``install`` hook (domain.md "GPUs in VMs"): loading nvidia probes every board
+Why a modprobe.d ``install`` hook (docs/hazards.md "GPUs in VMs"): loading nvidia probes every board
 it matches at once, and systemd-modules-load and udev's coldplug run with no ordering between
 them, so a udev rule that sets driver_override can come too late. kmod runs a module's install
 command instead of inserting it (libkmod-module.c: module_do_install_commands, command_do:

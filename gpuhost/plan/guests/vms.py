@@ -2,7 +2,7 @@
 
 Proxmox lets an API token pass a device to a VM only through a cluster PCI mapping
 (`/cluster/mapping/pci`, pve-guest-common PVE/Mapping/PCI.pm) and `hostpciN: mapping=<id>`; a raw
-`hostpciN: host=...` is root@pam's alone (pve-api.md). So every VM GPU board gets one mapping,
+`hostpciN: host=...` is root@pam's alone (docs/reference/pve-api.md). So every VM GPU board gets one mapping,
 ``gpuhost-<domain>-<bus>-<slot>``, whose path is the board without a function (all its functions
 pass together, as PCI.pm's assert_valid reads "whole device") and whose id, subsystem-id and
 IOMMU group are the live device's, which Proxmox checks again at every start: a board that moved

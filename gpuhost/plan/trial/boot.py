@@ -8,7 +8,7 @@ only after the post-boot checks pass is it pinned as the default. A trial that f
 reboots into the pinned kernel. Never ``proxmox-boot-tool kernel pin --next-boot``: a userspace
 unit clears that pin, so a kernel that dies before it would boot again and again.
 
-Mechanics and sources: shared/trial-boot.md (section numbers below refer to it).
+Mechanics and sources: docs/reference/trial-boot.md (section numbers below refer to it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """systemd-boot's trial-only entry: the trial boots the new kernel, command line and initramfs
 from an entry of its own, while the entries, /etc/kernel/cmdline and initramfs the fallback boots
-stay as they were until the commit (trial-boot.md §3). Pure: the commands are planned here and
+stay as they were until the commit (docs/reference/trial-boot.md §3). Pure: the commands are planned here and
 run by deploys/trial_boot.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from gpuhost.plan.trial.params import TRIAL_MARK
 
 # systemd-boot's trial-only entry and the directory beside it that holds its kernel and
 # initramfs: proxmox-boot-tool only writes and deletes proxmox-<kver>.conf and EFI/proxmox/<kver>
-# (trial-boot.md §3), so a refresh never touches them and the proxmox-* default never picks them.
+# (docs/reference/trial-boot.md §3), so a refresh never touches them and the proxmox-* default never picks them.
 TRIAL_ENTRY = "gpuhost-trial.conf"
 TRIAL_ESP_DIR = "EFI/gpuhost-trial"
 # The trial's initramfs, built by mkinitramfs beside the one update-initramfs keeps: the
@@ -32,7 +32,7 @@ def trial_entry_steps(
 ) -> dict[str, object]:
     """systemd-boot: the trial boots its own entry, with the new command line and an initramfs
     built for it, while /etc/kernel/cmdline, the proxmox-<kver>.conf entries and the fallback's
-    initramfs stay as they were until the commit (trial-boot.md §3)."""
+    initramfs stay as they were until the commit (docs/reference/trial-boot.md §3)."""
     new = sh_quote(kernel)
     initrd = f"{TRIAL_INITRD_DIR}/initrd.img-{kernel}"
     text = trial_entry_text(kernel, options)

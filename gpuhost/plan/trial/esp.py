@@ -1,5 +1,5 @@
 """Commands on the boot loader's files that trial boots share: entry ids, an ESP mounted for a
-command, checks of loader.conf and grub.cfg, GRUB environment blocks (trial-boot.md §1-§2). Pure."""
+command, checks of loader.conf and grub.cfg, GRUB environment blocks (docs/reference/trial-boot.md §1-§2). Pure."""
 
 from __future__ import annotations
 

@@ -8,12 +8,12 @@ How GRUB gets the entry, from grub-common 2.06 (Debian 12):
   order and splices its output into grub.cfg (util/grub-mkconfig.in, the `for i in
   "${grub_mkconfig_dir}"/*` loop); a script that fails fails update-grub (`set -e`).
 - 45_ sorts after 10_linux (and 40_/41_custom), so menu entry 0, the default of GRUB_DEFAULT=0,
-  stays 10_linux's; the pinned default is an id path anyway (trial-boot.md §2.5).
+  stays 10_linux's; the pinned default is an id path anyway (docs/reference/trial-boot.md §2.5).
 - A menu entry's id is what follows `$menuentry_id_option` (util/grub.d/10_linux.in, its
   `echo "menuentry ... \\$menuentry_id_option 'gnulinux-...'"` lines; 00_header sets the
   variable to --id). next_entry may name a top-level entry by id (docs/grub.texi, "default":
   a menu item is a number, a title or an id), and 00_header makes it the default once
-  (trial-boot.md §2.1): `grub-reboot gpuhost-trial`, i.e. next_entry=gpuhost-trial.
+  (docs/reference/trial-boot.md §2.1): `grub-reboot gpuhost-trial`, i.e. next_entry=gpuhost-trial.
 - Paths are made as 10_linux makes them (make_system_path_relative_to_its_root of
   grub-mkconfig_lib, 10_linux.in's rel_dirname): /boot/... where /boot is on the root file
   system (PVE's ext4/xfs installs), /... on an ESP that the refresh bind-mounts on /boot.

@@ -1,6 +1,6 @@
 """The trial boot's own kernel parameters and the live panic settings they leave: a trial
 kernel that panics, oopses, locks up or hangs a task reboots by itself, and no host runs its
-guests with those settings on (trial-boot.md §3; Documentation/admin-guide/sysctl/kernel.rst).
+guests with those settings on (docs/reference/trial-boot.md §3; Documentation/admin-guide/sysctl/kernel.rst).
 Pure."""
 
 from __future__ import annotations
