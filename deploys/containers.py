@@ -33,7 +33,7 @@ from pyinfra.api import FileUploadCommand, OperationError, deploy, operation
 from deploys.context import observed
 from facts.containers import ContainerStates
 from gpuhost.observe.containers import ContainerState
-from gpuhost.observe.nvidia import NvidiaUserspace
+from gpuhost.observe.nvidia_driver import NvidiaUserspace
 from gpuhost.plan.driver.userspace import INSTALLER_FLAGS, DriverUserspace
 from gpuhost.plan.guests.containers import ContainerDevices, edit_raw, record_path, restart_marker
 from gpuhost.plan.guests.power import guests_from_configs, start_order

@@ -19,7 +19,7 @@ from gpuhost.observe.guest import LoginEnvironment
 from gpuhost.observe.guestsoft import GuestFacts, commands, parse_guest
 from gpuhost.observe.hostfacts import FACTS, HostFacts, combined_args, fact_tool, parse_raw
 from gpuhost.observe.kernel import NvidiaModuleFiles
-from gpuhost.observe.nvidia import (
+from gpuhost.observe.nvidia_driver import (
     FabricManager,
     GspFirmwareFiles,
     NvidiaFabricManager,

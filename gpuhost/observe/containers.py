@@ -9,7 +9,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from gpuhost.observe.nvidia import NvidiaUserspace, parse_userspace
+from gpuhost.observe.nvidia_driver import NvidiaUserspace, parse_userspace
 from gpuhost.observe.parse import UnparsedOutput
 from gpuhost.observe.probe import Probe
 

@@ -7,7 +7,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from gpuhost.observe.nvidia import (
+from gpuhost.observe.nvidia_driver import (
     FABRICMANAGER_QUERY,
     FabricManager,
     GspFirmwareFiles,

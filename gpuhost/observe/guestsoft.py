@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from gpuhost.observe.files import ManagedFiles, parse_managed_files
-from gpuhost.observe.nvidia import DriverVersion, parse_driver_version
+from gpuhost.observe.nvidia_driver import DriverVersion, parse_driver_version
 from gpuhost.observe.parse import UnparsedOutput
 
 # apt's verifiers (APT_VERIFIER below): sqv is apt's method on Debian 13 (apt

@@ -30,16 +30,8 @@ from gpuhost.observe.kernel import (
     SevSnp,
     SevState,
 )
-from gpuhost.observe.nvidia import (
-    DriverVersion,
-    GpuQuery,
-    NvidiaDriver,
-    NvidiaGpuInformation,
-    NvidiaGpus,
-    NvidiaP2P,
-    NvidiaTopology,
-    Topology,
-)
+from gpuhost.observe.nvidia import GpuQuery, NvidiaGpus, NvidiaP2P, NvidiaTopology, Topology
+from gpuhost.observe.nvidia_driver import DriverVersion, NvidiaDriver, NvidiaGpuInformation
 from gpuhost.observe.pci import IommuDomains, IommuGroups, IommuState, PciDevice, PciDevices
 from gpuhost.observe.probe import Probe
 from gpuhost.observe.proxmox import (

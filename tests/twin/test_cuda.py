@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuhost.observe.nvidia import NvidiaUserspace, parse_userspace
+from gpuhost.observe.nvidia_driver import NvidiaUserspace, parse_userspace
 from twin import driver
 from twin.pytest_plugin import PVE_DIRS, TwinHandle
 

@@ -17,7 +17,7 @@ from gpuhost.audit.run import audit_all, read_host
 from gpuhost.observe.cuda import DEFAULT_SIZES, parse_cuda_probe
 from gpuhost.observe.devices import parse_device_nodes
 from gpuhost.observe.kernel import parse_nvidia_modules
-from gpuhost.observe.nvidia import parse_fabricmanager, parse_firmware_files, parse_userspace
+from gpuhost.observe.nvidia_driver import parse_fabricmanager, parse_firmware_files, parse_userspace
 from gpuhost.spec.inventory import load_inventory
 
 RUN = Path(__file__).parents[1] / "fixtures/captures/h200x1-audit-run"

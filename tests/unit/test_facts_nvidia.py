@@ -1,13 +1,7 @@
 import pytest
 
-from gpuhost.observe.nvidia import (
-    NvidiaP2P,
-    parse_driver_version,
-    parse_gpu_information,
-    parse_gpu_query,
-    parse_p2p,
-    parse_topology,
-)
+from gpuhost.observe.nvidia import NvidiaP2P, parse_gpu_query, parse_p2p, parse_topology
+from gpuhost.observe.nvidia_driver import parse_driver_version, parse_gpu_information
 from gpuhost.observe.parse import UnparsedOutput
 from tests.unit.conftest import FIXTURES, captured
 

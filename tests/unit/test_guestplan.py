@@ -31,7 +31,7 @@ from gpuhost.observe.guestsoft import (
     commands,
     parse_guest,
 )
-from gpuhost.observe.nvidia import DriverVersion
+from gpuhost.observe.nvidia_driver import DriverVersion
 from gpuhost.spec.guests import LxcGuest
 
 GIB = 1 << 30
