@@ -19,7 +19,7 @@ from pyinfra.api.host import Host
 from deploys import context
 from deploys.ops import _show_diff, write_command
 from facts.guestsoft import STAMP, UV_PATH, GuestFacts, commands, parse_guest
-from facts.snapshot import Combined
+from facts.snapshot import Combined, Commands
 from gpuhost.guestsw.control import control_for
 from gpuhost.guestsw.plan import (
     GuestPlan,
@@ -61,7 +61,7 @@ def guest_facts(host: Host) -> GuestFacts:
     if key not in _facts:
         _, guest = _spec(host)
         paths, venvs, services = planned_paths(guest)
-        raw = host.get_fact(Combined, commands=commands(paths, venvs, services))
+        raw = host.get_fact(Combined, commands=Commands(commands(paths, venvs, services)))
         _facts[key] = parse_guest(raw)
     return _facts[key]
 

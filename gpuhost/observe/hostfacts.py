@@ -54,7 +54,7 @@ from facts.proxmox import (
     PveGuestConfigs,
 )
 from facts.release import HostRelease, HostReleaseFact
-from facts.snapshot import MISSING_TOOL, Combined
+from facts.snapshot import MISSING_TOOL, Combined, Commands
 from facts.zfs import InstalledKernelFeatures, KernelFeatureFiles, ZfsUsage, ZfsUse
 from gpuhost.hostkeys import unknown_host_key
 from gpuhost.spec.inventory import SPEC_KEY, load_inventory
@@ -197,7 +197,7 @@ def _default(cls: type[FactBase]) -> Any:
 
 def combined_args(keys: tuple[str, ...] = tuple(FACTS)) -> dict[str, Any]:
     """Arguments for ``host.get_fact(Combined, **combined_args(keys))``: one round trip."""
-    return {"commands": tuple((key, fact_command(key), required_tool(key)) for key in keys)}
+    return {"commands": Commands((key, fact_command(key), required_tool(key)) for key in keys)}
 
 
 def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
