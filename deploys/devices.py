@@ -1,7 +1,7 @@
 """gpuhost's boot units, each concern under its own heading, then one systemd daemon-reload.
 
-- NVIDIA device nodes: the nvidia driver creates none, so a unit (files/gpuhost-nvidia-devices.service)
-  makes them after the modules load and before pve-guests.service starts the guests; it is enabled
+- NVIDIA device nodes: the nvidia driver creates none, so a unit
+  (files/gpuhost-nvidia-devices.service) makes them after the modules load and before pve-guests.service starts the guests; it is enabled
   by its multi-user.target.wants link. With driver.source.installer, nvidia-persistenced's unit
   (gpuhost-nvidia-persistenced.service) is enabled the same way.
 - Trial boot deadline: a timer (files/gpuhost-trial-deadline.*) reboots a trial kernel's boot that
