@@ -13,6 +13,7 @@ import os
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
                     f"--profile {profile}: {INVENTORY} has specs only for "
                     f"{', '.join(spec_profiles())}; add one to SPECS there, or pick one of those"
                 )
-            print(f"starting a {profile} twin...", file=sys.stderr)
+            say(f"starting a {profile} twin...")
+            t0 = time.monotonic()
             running = node.start_fleet(1, profile)
+            say(f"{running[0].name} up in {time.monotonic() - t0:.0f} s, at {running[0].address}")
         else:
             problem = processes.port_22_problem()
             if problem:
@@ -87,19 +90,36 @@ def spec_profiles() -> list[str]:
 def provision(twin: Any, dry: bool, with_driver: bool = True) -> int:
     """Run the main deploy on ``twin`` alone (a twin.node.Twin), with the spec of its profile."""
     from gpuhost.spec.inventory import load_inventory
-    from twin import driver
+    from twin import demo_guests, driver
 
     os.environ[TARGET_ENV] = twin.name  # inventory/twin.py then holds this twin only
     spec, _ = load_inventory(_checkout() / INVENTORY)[twin.name]
-    if with_driver and driver.install(twin, spec.driver.version):
-        print(
-            f"{twin.name}: simulated NVIDIA driver {spec.driver.version} installed", file=sys.stderr
-        )
+    version = spec.driver.version
+    # driver.install's own test of an earlier install: say what it does first, it takes a while
+    if with_driver and not (twin.root / f"lib/firmware/nvidia/{version}").is_dir():
+        say(f"{twin.name}: installing a simulated NVIDIA driver {version} (its modules built for")
+        say("  the twin's kernel), then rebooting it")
+        t0 = time.monotonic()
+        driver.install(twin, version)
+        say(f"{twin.name}: driver installed in {time.monotonic() - t0:.0f} s")
+    # kpro6 had its guests before gpuhost ran; so has its twin (made so even for --dry, like the
+    # driver above: they are the twin's starting state, not the deploy's changes)
+    guests = [g.model_dump(mode="json") for g in spec.guests]
+    created = demo_guests.ensure(twin, guests, version if with_driver else None)
+    if created:
+        say(f"{twin.name}: its spec's guests and a local CUDA mirror, made as on a real node:")
+        for command in created:
+            say(f"  {command}")
     pyinfra = Path(sys.executable).parent / "pyinfra"
     # --dry without -y: pyinfra then runs change detection and lists what would change
     command = [str(pyinfra), "--dry" if dry else "-y", INVENTORY, "deploys/gpu_host.py"]
+    command += ["--limit", twin.name]  # its containers are hosts of the inventory too
     print(f"{TARGET_ENV}={twin.name} {' '.join(command)}", file=sys.stderr)
     return subprocess.run(command, cwd=_checkout()).returncode
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _checkout() -> Path:
