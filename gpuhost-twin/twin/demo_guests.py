@@ -74,7 +74,7 @@ def ensure(twin: node.Twin, guests: list[dict[str, Any]], driver: str | None) ->
         _mirror(twin)
         script.insert(0, _serve_command(twin))
     if script:
-        _ssh(twin, " && ".join(script))
+        _ssh(twin, "set -e\n" + "\n".join(script))
     for guest in guests:
         if guest["kind"] == "lxc" and guest.get("gpus") and driver and not _userspace(twin, guest):
             # what `NVIDIA-Linux-x86_64-<driver>.run --no-kernel-modules` does inside a container
