@@ -79,7 +79,9 @@ def ensure(twin: node.Twin, guests: list[dict[str, Any]], driver: str | None) ->
         if guest["kind"] == "lxc" and guest.get("gpus") and driver and not _userspace(twin, guest):
             # what `NVIDIA-Linux-x86_64-<driver>.run --no-kernel-modules` does inside a container
             twin_driver.install_userspace(twin, guest["ctid"], driver)
-            script.append(f"CT {guest['ctid']}: NVIDIA userspace {driver} (the .run, --no-kernel-modules)")
+            script.append(
+                f"CT {guest['ctid']}: NVIDIA userspace {driver} (the .run, --no-kernel-modules)"
+            )
     return script
 
 
