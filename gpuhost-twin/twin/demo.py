@@ -118,7 +118,7 @@ def provision(twin: Any, dry: bool, with_driver: bool = True) -> int:
             say(f"  {command}")
     rc = _pyinfra(twin, dry, "deploys/gpu_host.py", twin.name)  # its containers are hosts too
     containers = [g["name"] for g in guests if g["kind"] == "lxc"]
-    if rc != 0 or not containers:
+    if rc != 0 or not containers or not with_driver:  # CUDA needs the host's driver
         return rc
     # then the software in its containers (CUDA, environment, venvs), so the audit has it all
     return _pyinfra(twin, dry, "deploys/gpu_guest.py", ",".join(containers))

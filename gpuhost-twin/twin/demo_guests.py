@@ -70,19 +70,21 @@ def ensure(twin: node.Twin, guests: list[dict[str, Any]], driver: str | None) ->
                 f"--memory 65536 --cores 16 --scsi0 local-zfs:64"
             )
     wants_cuda = any(g["kind"] == "lxc" and g.get("cuda") for g in guests)
+    done = list(script)
     if wants_cuda and not mirror_key(twin).exists():
         _mirror(twin)
         script.insert(0, _serve_command(twin))
+        done.insert(0, f"a local mirror of NVIDIA's CUDA repository (stand-in): {mirror_url(twin)}")
     if script:
         _ssh(twin, "set -e\n" + "\n".join(script))
     for guest in guests:
         if guest["kind"] == "lxc" and guest.get("gpus") and driver and not _userspace(twin, guest):
             # what `NVIDIA-Linux-x86_64-<driver>.run --no-kernel-modules` does inside a container
             twin_driver.install_userspace(twin, guest["ctid"], driver)
-            script.append(
+            done.append(
                 f"CT {guest['ctid']}: NVIDIA userspace {driver} (the .run, --no-kernel-modules)"
             )
-    return script
+    return done
 
 
 def _userspace(twin: node.Twin, guest: dict[str, Any]) -> bool:
