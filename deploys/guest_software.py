@@ -30,6 +30,7 @@ from gpuhost.guestsw.plan import (
 )
 from gpuhost.guestsw.render import render_guest_plan
 from gpuhost.observe.guestsoft import STAMP, UV_PATH, GuestFacts, commands, parse_guest
+from gpuhost.observe.snapshot import Commands
 from gpuhost.plan.guests.split import owner_of_guest
 from gpuhost.plan.make import ManagedFile, PlanError, make_plan
 from gpuhost.pve.guests import GuestEntry
@@ -61,7 +62,7 @@ def guest_facts(host: Host) -> GuestFacts:
     if key not in _facts:
         _, guest = _spec(host)
         paths, venvs, services = planned_paths(guest)
-        raw = host.get_fact(Combined, commands=commands(paths, venvs, services))
+        raw = host.get_fact(Combined, commands=Commands(commands(paths, venvs, services)))
         _facts[key] = parse_guest(raw)
     return _facts[key]
 

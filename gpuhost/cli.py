@@ -58,20 +58,23 @@ def _capture(args: argparse.Namespace) -> int:
     return 0
 
 
-# Subcommands that other distributions add: name = "module:function", called with the
 def _audit(args: argparse.Namespace) -> int:
-    """The audit suite (gpuhost.audit.suite) under pytest, driven by the inventory."""
+    """The audit suite (gpuhost.audit.suite) under pytest, driven by the inventory.
+
+    Only gpuhost's own plugin is loaded, named here: it works from a source tree on PYTHONPATH
+    (no installed pytest11 entry point), and no other installed plugin is loaded. Autoloading
+    them made pytest mark typeguard (pyinfra's, imported already) for assertion rewriting, which
+    it then warned about on every audit."""
+    import importlib.util
+    import os
+
     import pytest
 
-    from gpuhost.audit import suite
-
-    argv = [
-        str(Path(suite.__file__).parent),
-        f"--inventory={args.inventory}",
-        "-p",
-        "no:cacheprovider",
-    ]
-    argv += ["-q", "-rfs", f"--rootdir={Path(suite.__file__).parent}"]
+    suite = importlib.util.find_spec("gpuhost.audit.suite")
+    assert suite is not None and suite.origin is not None
+    where = str(Path(suite.origin).parent)
+    argv = [where, "-p", PLUGIN, f"--inventory={args.inventory}", "-p", "no:cacheprovider"]
+    argv += ["-q", "-rfs", f"--rootdir={where}"]
     if args.host:
         argv.append(f"--audit-limit={args.host}")
     if args.json:
@@ -80,9 +83,22 @@ def _audit(args: argparse.Namespace) -> int:
         argv.append(f"--junitxml={args.junit}")
     if args.p2p_sizes:
         argv.append(f"--p2p-sizes={args.p2p_sizes}")
-    return int(pytest.main(argv))
+    autoload = os.environ.get(NO_AUTOLOAD)
+    os.environ[NO_AUTOLOAD] = "1"  # pytest < 8.4 has no --disable-plugin-autoload
+    try:
+        return int(pytest.main(argv))
+    finally:
+        if autoload is None:
+            del os.environ[NO_AUTOLOAD]
+        else:
+            os.environ[NO_AUTOLOAD] = autoload
 
 
+PLUGIN = "gpuhost.audit.plugin"  # the audit's options, fixtures and reports
+NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+
+
+# Subcommands that other distributions add: name = "module:function", called with the
 # subparsers action; gpuhost-twin adds `twin` this way (gpuhost never imports the simulator).
 COMMANDS_GROUP = "gpuhost.commands"
 TWIN_MISSING = (

@@ -4,17 +4,22 @@ Test infrastructure: each twin gets the spec of the real host its hardware profi
 (kpro6 twins are provisioned with inventory/kpro6.py's spec); a profile without a spec here is
 never given another profile's. With GPUHOST_TWIN_TARGET set (`gpuhost twin` sets it to the twin
 it started or found) the inventory holds that one twin only; without it, every developer twin
-(index below the test range) whose profile has a spec. Host keys are still verified, against the
-known_hosts file the twins write; nothing here turns checking off.
+(index below the test range) whose profile has a spec. Each twin's running containers are guest
+hosts too (`pyinfra inventory/twin.py deploys/gpu_guest.py --limit ct200`), reached on the
+twin's guest addresses, their CUDA from the twin's local mirror (twin/demo_guests.py). Host keys
+are still verified, against the known_hosts file the twins write; nothing here turns checking
+off.
 """
 
+import copy
 import os
 from pathlib import Path
 
 from pyinfra.api.exceptions import InventoryError
 
-from gpuhost.spec.inventory import gpu_host, load_inventory
-from twin import node
+from gpuhost.pve.guests import guests_of
+from gpuhost.spec.inventory import GUEST_KEY, gpu_host, load_inventory
+from twin import demo_guests, node
 
 TARGET_ENV = "GPUHOST_TWIN_TARGET"
 _HERE = Path(__file__).parent
@@ -55,13 +60,43 @@ def _targets() -> list[node.Twin]:
     return chosen
 
 
+def _spec(t: node.Twin) -> dict:
+    """The spec of ``t``'s profile, with what only this twin knows: its API token, where its
+    containers listen, and its local mirror of NVIDIA's CUDA repository (twin/demo_guests.py)."""
+    spec = copy.deepcopy(SPECS[t.profile])
+    spec["proxmox"] = {"token_file": str(t.dir / "api-token")}  # a 0600 file, as a user keeps one
+    for guest in spec.get("guests", []):
+        if guest["kind"] != "lxc":
+            continue
+        if not (guest.get("access") or {}).get("ssh_hostname"):
+            guest["access"] = {"ssh_hostname": t.guest_address(guest["ctid"])}
+        if guest.get("cuda") and not guest.get("cuda_repo") and demo_guests.mirror_key(t).exists():
+            key = demo_guests.mirror_key(t)
+            guest["cuda_repo"] = {"url": demo_guests.mirror_url(t), "keyring": str(key)}
+    return spec
+
+
+def _running_containers(entry: tuple[str, dict], t: node.Twin) -> list[tuple[str, dict]]:
+    """The twin's running containers as guest hosts (`--limit ct200`), once it has every guest
+    its spec names (`gpuhost twin` creates them); its VMs run no system to connect to."""
+    listed = demo_guests.listing(t)
+    present = {(g["kind"], g["vmid"]) for g in listed}
+    kinds = {"lxc": "lxc", "vm": "qemu"}
+    named = {(kinds[g["kind"]], g.get("ctid", g.get("vmid"))) for g in SPECS[t.profile]["guests"]}
+    if not named <= present:
+        return []
+    return [
+        (name, data)
+        for name, data in guests_of(entry, listed)
+        if data[GUEST_KEY].kind == "lxc" and data[GUEST_KEY].status == "running"
+    ]
+
+
+_running = _targets()
 twins = [
     gpu_host(
         t.name,
-        {  # each twin's own API token (a 0600 file, as a user keeps one)
-            **SPECS[t.profile],
-            "proxmox": {"token_file": str(t.dir / "api-token")},
-        },
+        _spec(t),
         source=__file__,
         ssh_hostname=t.address,
         ssh_user="root",
@@ -70,5 +105,8 @@ twins = [
         ssh_strict_host_key_checking="yes",
         gpuhost_reboot_delay=1,  # a twin is back in well under a second
     )
-    for t in _targets()
+    for t in _running
+]
+guests = [
+    g for entry, t in zip(twins, _running, strict=True) for g in _running_containers(entry, t)
 ]

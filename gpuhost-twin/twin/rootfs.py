@@ -19,8 +19,10 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 SUITE = "bookworm"  # the default suite: PVE 8's Debian 12
 # What a Proxmox GPU host needs for the deploys: a package manager, the real toolchain and real
@@ -277,7 +279,7 @@ def _build(target: Path, mirror: Mirror, log: bool, suite: str = SUITE) -> None:
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if log else (lambda msg: None)
     logfile = CACHE_ROOT / "build.log"
     t0 = time.monotonic()
-    say(f"building the {suite} twin base (one time, about a minute; cached in {CACHE_ROOT})")
+    say(f"building the {suite} twin base (one time, a few minutes; cached in {CACHE_ROOT})")
     tmp = target.with_name(target.name + ".building")
     if tmp.exists():
         _unmount_below(tmp)
@@ -293,7 +295,7 @@ def _build(target: Path, mirror: Mirror, log: bool, suite: str = SUITE) -> None:
         with open(logfile, "w") as out:
             out.write(" ".join(cmd) + "\n")
             out.flush()
-            subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT)
+            _debootstrap(cmd, out, say, t0)
             say(f"  packages installed ({time.monotonic() - t0:.0f} s); setting up the base")
             _setup(tmp)
             if suite in SUITE_SETUP:
@@ -309,6 +311,33 @@ def _build(target: Path, mirror: Mirror, log: bool, suite: str = SUITE) -> None:
     (tmp / ".gpuhost-twin-base").write_text(recipe_hash(suite) + "\n")
     tmp.rename(target)
     say(f"  twin base ready in {time.monotonic() - t0:.0f} s: {target}")
+
+
+# debootstrap's own stage messages ("I: Retrieving apt 2.6.1", "I: Configuring dpkg...") by the
+# verb that starts them: the base build's progress, one line per stage instead of silence.
+STAGES = {
+    "Retrieving": "downloading packages",
+    "Validating": "downloading packages",  # each download's check, right after it
+    "Extracting": "extracting packages",
+    "Unpacking": "unpacking packages",
+    "Configuring": "configuring packages",
+}
+
+
+def _debootstrap(cmd: list[str], log: IO[str], say: Callable[[str], None], t0: float) -> None:
+    """Run debootstrap with its output in ``log``, saying each stage it enters as it goes."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    stage = ""
+    for line in proc.stdout:
+        log.write(line)
+        words = line.removeprefix("I: ").split()
+        verb = STAGES.get(words[0]) if line.startswith("I: ") and words else None
+        if verb is not None and verb != stage:
+            say(f"  {verb} ({time.monotonic() - t0:.0f} s)")
+            stage = verb
+    if proc.wait() != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
 
 
 def _unmount_below(path: Path) -> None:

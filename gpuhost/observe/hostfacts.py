@@ -44,7 +44,7 @@ from gpuhost.observe.proxmox import (
     PveGuestConfigs,
 )
 from gpuhost.observe.release import HostRelease, HostReleaseFact
-from gpuhost.observe.snapshot import MISSING_TOOL
+from gpuhost.observe.snapshot import MISSING_TOOL, Commands
 from gpuhost.observe.zfs import InstalledKernelFeatures, KernelFeatureFiles, ZfsUsage, ZfsUse
 
 # key -> (fact class, fact arguments). The key names the snapshot files.
@@ -185,7 +185,7 @@ def _default(cls: type[Probe]) -> Any:
 
 def combined_args(keys: tuple[str, ...] = tuple(FACTS)) -> dict[str, Any]:
     """Arguments for ``host.get_fact(Combined, **combined_args(keys))``: one round trip."""
-    return {"commands": tuple((key, fact_command(key), required_tool(key)) for key in keys)}
+    return {"commands": Commands((key, fact_command(key), required_tool(key)) for key in keys)}
 
 
 def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:

@@ -44,6 +44,19 @@ def split_combined(lines: list[str]) -> dict[str, tuple[int, list[str]]]:
     return raw
 
 
+class Commands(tuple[tuple[str, str, str | None], ...]):
+    """The ``(key, command, required tool)`` triples a :class:`Combined` runs, shown by their keys:
+    pyinfra prints a fact's arguments in its log ("Connected (to load fact ...)"), and the commands
+    themselves run to thousands of characters."""
+
+    def __repr__(self) -> str:
+        keys = [key for key, _, _ in self]
+        more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+        return f"{len(keys)} facts: {', '.join(keys[:3])}{more}"
+
+    __str__ = __repr__
+
+
 class Combined(Probe[dict[str, tuple[int, list[str]]]]):
     """
     Runs ``(key, command, required tool)`` triples in one shell; returns key -> (exit status,

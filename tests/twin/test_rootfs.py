@@ -1,6 +1,7 @@
 """The base rootfs: mirror discovery (pure) and the built base's contents (needs root)."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,49 @@ def test_base_holds_toolchain_and_real_headers(twin_base, trixie_base, suite, gc
     assert not list((base / "etc/ssh").glob("ssh_host_*")), (
         "host keys must not be shared via the base"
     )
+
+
+# debootstrap's own messages, in the order and shape of a real bookworm build (its build.log)
+DEBOOTSTRAP = """I: Retrieving InRelease
+I: Checking Release signature
+I: Retrieving Packages
+I: Validating Packages
+I: Resolving dependencies of required packages...
+I: Retrieving apt 2.6.1
+I: Validating apt 2.6.1
+I: Retrieving base-files 12.4+deb12u11
+I: Validating base-files 12.4+deb12u11
+I: Extracting apt...
+I: Extracting base-files...
+I: Installing core packages...
+I: Unpacking required packages...
+I: Unpacking base-files...
+I: Configuring required packages...
+I: Configuring base-files...
+I: Unpacking the base system...
+I: Unpacking gcc-12...
+I: Configuring the base system...
+I: Configuring gcc-12...
+I: Base system installed successfully.
+"""
+
+
+def test_the_base_build_says_each_stage_of_debootstrap_as_it_starts(tmp_path: Path) -> None:
+    said: list[str] = []
+    with open(tmp_path / "build.log", "w") as log:
+        rootfs._debootstrap(["printf", "%s", DEBOOTSTRAP], log, said.append, 0.0)
+    stages = [re.sub(r" \(\d+ s\)$", "", line) for line in said]
+    assert stages == [
+        "  downloading packages",
+        "  extracting packages",
+        "  unpacking packages",
+        "  configuring packages",
+        "  unpacking packages",
+        "  configuring packages",
+    ]
+    assert (tmp_path / "build.log").read_text() == DEBOOTSTRAP  # the whole output, for errors
+
+
+def test_a_failed_debootstrap_is_an_error(tmp_path: Path) -> None:
+    with open(tmp_path / "build.log", "w") as log, pytest.raises(subprocess.CalledProcessError):
+        rootfs._debootstrap(["sh", "-c", "echo 'E: no mirror'; exit 1"], log, print, 0.0)

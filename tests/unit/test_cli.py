@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpuhost.cli import main
 from gpuhost.observe.hostfacts import FACTS, write_snapshot
 from tests.unit.conftest import FIXTURES
@@ -91,3 +93,36 @@ def test_capture_script_matches_live_capture(tmp_path: Path) -> None:
             assert (tmp_path / "live" / f"{key}.{ext}").read_text() == (
                 tmp_path / "scripted" / f"{key}.{ext}"
             ).read_text(), key
+
+
+MAIN = "import sys; from gpuhost.cli import main; sys.exit(main())"  # the console script's call
+
+
+@pytest.mark.parametrize("autoload", ["installed plugins", "no plugin autoload"])
+def test_audit_loads_its_own_plugin_and_warns_of_nothing(tmp_path: Path, autoload: str) -> None:
+    # With autoload off no pytest11 entry point is loaded, as from a source tree on PYTHONPATH;
+    # with it on, the installed ones (typeguard's among them) are there. Either way the audit takes
+    # --inventory and stops at the unknown host key, before any connection, without a warning.
+    (tmp_path / "known_hosts").write_text("")
+    inventory = tmp_path / "h200.py"
+    inventory.write_text(
+        H200_INVENTORY.replace(
+            'ssh_hostname="192.0.2.1"',
+            f'ssh_hostname="192.0.2.1", ssh_known_hosts_file="{tmp_path / "known_hosts"}"',
+        )
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    if autoload == "no plugin autoload":
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    run = subprocess.run(
+        [sys.executable, "-c", MAIN, "audit", str(inventory)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 3, output
+    assert "h200: no host key for 192.0.2.1" in output, output
+    assert "warning" not in output.lower(), output

@@ -27,3 +27,17 @@ def test_snapshot_from_before_the_new_facts_still_loads(tmp_path: Path) -> None:
     (copy / "CpuVendor.rc").unlink()
     with pytest.raises(FileNotFoundError, match="CpuVendor"):
         read_snapshot(copy)
+
+
+def test_the_one_round_trip_is_logged_by_its_fact_keys_not_its_commands() -> None:
+    # pyinfra writes a fact's arguments into "Connected (to load fact ...)" with this function
+    from pyinfra.api.util import get_kwargs_str
+
+    from gpuhost.observe.hostfacts import combined_args
+
+    line = get_kwargs_str(combined_args())
+    assert line == (
+        f"commands={len(FACTS)} facts: PciDevices, IommuGroups, NvidiaGpus "
+        f"and {len(FACTS) - 3} more"
+    )
+    assert get_kwargs_str(combined_args(("BootId",))) == "commands=1 facts: BootId"

@@ -33,6 +33,19 @@ def test_developer_twins_get_their_own_profiles_spec_and_no_other(state: Path) -
     assert hosts["twin1"][0].boot.acs_override != hosts["twin3"][0].boot.acs_override
 
 
+def test_a_twins_containers_are_reached_on_its_guest_addresses_with_its_cuda_mirror(
+    state: Path,
+) -> None:
+    hosts = load_inventory(INVENTORY)
+    (ct200,) = [g for g in hosts["twin1"][0].guests if g.kind == "lxc"]
+    assert ct200.access.ssh_hostname == "127.1.0.200" and ct200.cuda_repo is None  # no mirror yet
+    (state / "twin1/cuda-mirror.asc").write_text("a key")  # what twin/demo_guests.py leaves
+    (ct200,) = [g for g in load_inventory(INVENTORY)["twin1"][0].guests if g.kind == "lxc"]
+    assert ct200.cuda_repo is not None
+    assert str(ct200.cuda_repo.url) == "http://127.0.0.2:8008/"
+    assert str(ct200.cuda_repo.keyring) == str(state / "twin1/cuda-mirror.asc")
+
+
 def test_the_target_alone_is_in_the_inventory(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUHOST_TWIN_TARGET", "twin3")
     hosts = load_inventory(INVENTORY)
