@@ -33,10 +33,11 @@ from pyinfra.api import FileUploadCommand, OperationError, deploy, operation
 from deploys.context import observed
 from facts.containers import ContainerState, ContainerStates
 from facts.nvidia import NvidiaUserspace
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.driver.userspace import INSTALLER_FLAGS, DriverUserspace
 from gpuhost.plan.guests.containers import ContainerDevices, edit_raw, record_path, restart_marker
 from gpuhost.plan.guests.power import guests_from_configs, start_order
-from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.plan.make import Plan
 from gpuhost.plan.trial.state import Step
 from gpuhost.pve.backup import backup_command, config_path
 

@@ -39,9 +39,10 @@ from gpuhost.build.driverstore import (
     source_tarball,
     store_built,
 )
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.driver.modules import MODULES_KIND, DriverModules, for_new_kernel
 from gpuhost.plan.driver.toolchain import build_jobs
-from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.plan.make import Plan
 
 BUILD_DIR = f"{STATE_DIR}/driver-build"
 

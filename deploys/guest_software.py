@@ -31,7 +31,8 @@ from gpuhost.guestsw.plan import (
 )
 from gpuhost.guestsw.render import render_guest_plan
 from gpuhost.plan.guests.split import owner_of_guest
-from gpuhost.plan.make import ManagedFile, PlanError, make_plan
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.model import ManagedFile, PlanError
 from gpuhost.pve.guests import GuestEntry
 from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.inventory import GUEST_KEY, SOURCE_KEY, SPEC_KEY

@@ -27,6 +27,7 @@ from pyinfra.api import operation
 
 from deploys.context import made_plan, observed
 from deploys.vms import refresh_commands
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.guests.power import (
     Guest,
     GuestPower,
@@ -34,7 +35,7 @@ from gpuhost.plan.guests.power import (
     parse_record,
     plan_guest_power,
 )
-from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.plan.make import Plan
 
 RECORD = f"{STATE_DIR}/guests-before-reboot"
 TOOL = {"lxc": "pct", "qemu": "qm"}

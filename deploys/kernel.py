@@ -34,7 +34,8 @@ from gpuhost.build.kernelstore import (
     plan_install,
 )
 from gpuhost.build.remotestore import store_for
-from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.paths import STATE_DIR
+from gpuhost.plan.make import Plan
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import SOURCE_KEY, SPEC_KEY
 

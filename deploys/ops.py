@@ -19,7 +19,9 @@ from pyinfra.api.util import format_text
 from pyinfra.operations.util.files import generate_color_diff
 
 from deploys.context import observed
-from gpuhost.plan.make import STATE_DIR, FollowUp, ManagedFile, Plan
+from gpuhost.paths import STATE_DIR
+from gpuhost.plan.make import Plan
+from gpuhost.plan.model import FollowUp, ManagedFile
 
 
 def _show_diff(path: str, current: str | None, wanted: str | None) -> None:

@@ -24,8 +24,9 @@ from deploys.guests import guest_power, start_guests, stop_guests
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo, KernelCmdline
 from facts.pci import PciDevice, PciDevices
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.guests.power import GuestPower
-from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.plan.make import Plan
 
 RECORD = f"{STATE_DIR}/last-reboot"
 

@@ -31,8 +31,10 @@ from deploys.reboot import _read
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo
 from gpuhost.audit.gate import run_gate
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.guests.power import GuestPower
-from gpuhost.plan.make import STATE_DIR, FollowUp, Plan
+from gpuhost.plan.make import Plan
+from gpuhost.plan.model import FollowUp
 from gpuhost.plan.trial.params import TRIAL_MARK, settle_commands
 from gpuhost.plan.trial.state import RECORD, Step, TrialRecord, failed_message
 from gpuhost.spec.inventory import SOURCE_KEY, SPEC_KEY

@@ -256,31 +256,6 @@ def ct_userspace(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
     return []
 
 
-def cuda_findings(where: str, view: Any, bdfs: list[str], fix_hint: str) -> list[Finding]:
-    cuda = view.cuda if view is not None else None
-    if cuda is None:
-        raise NotApplicable(f"python3 is missing on {where}: the CUDA check needs it")
-    if cuda.init is None:
-        return [
-            Finding(f"CUDA on {where}", "libcuda.so.1 loads", cuda.error or "it does not", fix_hint)
-        ]
-    if cuda.init != "CUDA_SUCCESS":
-        return [Finding(f"cuInit on {where}", "CUDA_SUCCESS", cuda.init, fix_hint)]
-    findings = []
-    if sorted(cuda.devices) != sorted(bdfs):
-        findings.append(
-            Finding(
-                f"CUDA devices on {where}",
-                ", ".join(sorted(bdfs)) or "none",
-                ", ".join(sorted(cuda.devices)) or "none",
-                fix_hint,
-            )
-        )
-    if cuda.error:
-        findings.append(Finding(f"CUDA on {where}", "no error", cuda.error, fix_hint))
-    return findings
-
-
 _CUDA_FIX = {
     "CUDA_ERROR_UNKNOWN": "/dev/nvidia-uvm is not usable: a stale uvm major (ct.device_rules) or "
     "uvm_disable_hmm not Y (modules.parameters)",
@@ -301,7 +276,7 @@ def ct_cuda(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
         hint += container_userspace_fix(ctx, guest.ctid, guest.name)
     else:
         hint = _CUDA_FIX.get(init, f"{REDEPLOY}, then restart {guest.name}")
-    return cuda_findings(guest.name, view, bdfs, hint)
+    return p2p_checks.cuda_findings(guest.name, view, bdfs, hint)
 
 
 @check("ct.p2p", "Peer copies between the container's GPUs come back intact", "lxc")

@@ -334,13 +334,9 @@ def building(store: ArtifactStore, digest: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def build(recipe: KernelRecipe, store: ArtifactStore, work: Path, jobs: int) -> BuildResult:
-    """Build the recipe's .debs into ``store`` once; later calls return them without building.
-    A pve-kernel tree goes through its own packaging (gpuhost/build/pvekernel.py)."""
-    from gpuhost.build import pvekernel as pvekernelbuild  # it builds on this module's helpers
-
-    if pvekernelbuild.is_pve_tree(recipe.tree):
-        return pvekernelbuild.build_pve(recipe, store, work, jobs)
+def build_plain(recipe: KernelRecipe, store: ArtifactStore, work: Path, jobs: int) -> BuildResult:
+    """Build a plain kernel tree's .debs (make bindeb-pkg) into ``store`` once; later calls
+    return them without building."""
     tree_version(recipe.tree)  # a kernel tree at all: say so before hashing or making anything
     if recipe.base_config not in BASE_TARGETS and not Path(recipe.base_config).is_file():
         raise KernelBuildError(

@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 
 from gpuhost.build.artifacts import ArtifactError, ArtifactStore
-from gpuhost.build.kernel import KernelBuildError, KernelRecipe, build, local_jobs, source_tree
+from gpuhost.build.kernel import KernelBuildError, KernelRecipe, local_jobs, source_tree
+from gpuhost.build.kernelbuild import build
 
 # What the control machine uploads beside this module (the package needs no more to build).
 MODULES = (
@@ -32,6 +33,7 @@ MODULES = (
     "build/__init__.py",
     "build/artifacts.py",
     "build/kernel.py",
+    "build/kernelbuild.py",
     "build/pvekernel.py",
     "build/features.py",
     "build/debinfo.py",

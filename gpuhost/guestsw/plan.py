@@ -26,7 +26,7 @@ from facts.guestsoft import (
 from gpuhost.guestsw import files as guestfiles
 from gpuhost.guestsw.cudarepos import repo_problems
 from gpuhost.guestsw.indexconf import IndexConfig
-from gpuhost.plan.make import ManagedFile
+from gpuhost.plan.model import ManagedFile
 from gpuhost.redact import is_secret_name
 from gpuhost.spec.grammar import CUDA_MIN_DRIVER
 from gpuhost.spec.guests import LxcGuest, Venv

@@ -33,8 +33,6 @@ from gpuhost.plan.guests.devices import guest_devices
 from gpuhost.plan.guests.mappings import UNIT as MAPPINGS_UNIT
 from gpuhost.plan.guests.mappings import boot_mappings, refresh_files
 from gpuhost.plan.guests.split import (
-    HOST,
-    Owner,
     assign,
     check_fabric,
     check_iommu_groups,
@@ -46,11 +44,19 @@ from gpuhost.plan.guests.vfio import CLAIM_UNIT as VFIO_CLAIM_UNIT
 from gpuhost.plan.guests.vfio import INITRAMFS_FILES as VFIO_INITRAMFS_FILES
 from gpuhost.plan.guests.vfio import VfioBinding, plan_vfio, vfio_files
 from gpuhost.plan.guests.vms import VmSplit, plan_vm_gpus
+from gpuhost.plan.model import (
+    HOST,
+    REBOOT_NOW,
+    FollowUp,
+    GpuAssignment,
+    ManagedFile,
+    Owner,
+    PlanError,
+    Reason,
+)
 from gpuhost.plan.p2p import plan_p2p
 from gpuhost.plan.preconditions import ControlFacts, Precondition, api_writes, plan_preconditions
 from gpuhost.plan.reasons import (
-    REBOOT_NOW,
-    Reason,
     next_boot_kernel,
     pin_running_kernel,
     reboot_reasons,
@@ -63,65 +69,7 @@ from gpuhost.plan.trial.step import plan_trial
 from gpuhost.plan.upgrade import ReleaseChange, plan_release_change
 from gpuhost.spec.host import HardwareSpec, HostSpec
 
-__all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan"]
-
-STATE_DIR = "/var/lib/gpuhost"  # gpuhost's own records on the host (pending steps, last reboot)
-
-
-class PlanError(ValueError):
-    """The spec cannot be applied to this host; every problem is listed."""
-
-    def __init__(self, host: str, problems: list[str], source: str | None = None) -> None:
-        self.host, self.problems, self.source = host, problems, source
-        where = f"{source}: " if source else ""
-        lines = [f"{where}host {host!r}: the plan is refused ({len(problems)} problem(s))"]
-        lines += [f"  - {p}" for p in problems]
-        super().__init__("\n".join(lines))
-
-
-@dataclass(frozen=True)
-class GpuAssignment:
-    index: int  # PCI bus order = nvidia-smi index while every GPU is on the nvidia driver
-    bdf: str
-    model: str
-    numa_node: int | None
-    iommu_group: int | None
-    driver_now: str | None
-    driver_planned: str  # "nvidia" | "vfio-pci"
-    owner: Owner
-    functions: tuple[str, ...] = ()  # other functions of the board (audio...) that go with it
-
-
-@dataclass(frozen=True)
-class ManagedFile:
-    """A file the host must hold exactly (or not hold: ``content`` None), or a symlink."""
-
-    path: str
-    content: str | None
-    concern: str  # "cmdline" | "modules" | "devices" | "trial" | "userspace" | "mappings" ...
-    mode: str = "644"
-    link: str | None = None  # a symlink to this target instead of content
-
-    @property
-    def present(self) -> bool:
-        return self.content is not None or self.link is not None
-
-
-@dataclass(frozen=True)
-class FollowUp:
-    """A step that must run after some managed files change, until it has succeeded once.
-
-    A run records it as pending on the host (``marker``) before it writes any trigger file and
-    clears it when the step succeeds, so a run killed in between still runs it next time.
-    """
-
-    name: str
-    command: str
-    triggers: tuple[str, ...]  # managed file paths
-
-    @property
-    def marker(self) -> str:
-        return f"{STATE_DIR}/pending-{self.name}"
+__all__ = ["Plan", "make_plan"]
 
 
 @dataclass

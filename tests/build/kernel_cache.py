@@ -43,12 +43,12 @@ from gpuhost.build.artifacts import Artifact, ArtifactKey, ArtifactStore
 from gpuhost.build.kernel import (
     INDEX,
     KernelRecipe,
-    build,
     inputs_hash,
     local_jobs,
     lookup,
     tree_version,
 )
+from gpuhost.build.kernelbuild import build
 
 TARBALL = Path("/usr/src/linux-source-6.1.tar.xz")
 APT_PACKAGES = Path(__file__).with_name("APT_PACKAGES")

@@ -22,13 +22,13 @@ from gpuhost.build.artifacts import Artifact, ArtifactKey, ArtifactStore, slug
 from gpuhost.build.driver import MODULES, build_modules, source_version
 from gpuhost.build.kernel import (
     KernelBuildError,
-    build,
     config_hash,
     configure,
     inputs_hash,
     lookup,
     tree_version,
 )
+from gpuhost.build.kernelbuild import build
 from tests.build.kernel_cache import (
     CC,
     FRAGMENT,

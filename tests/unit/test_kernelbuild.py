@@ -21,7 +21,6 @@ from gpuhost.build.kernel import (
     KernelRecipe,
     _jobs,
     _remember,
-    build,
     building,
     clone,
     compiler_text,
@@ -34,6 +33,7 @@ from gpuhost.build.kernel import (
     source_tree,
     tree_version,
 )
+from gpuhost.build.kernelbuild import build
 from gpuhost.cli import main
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import SpecError, validate_spec

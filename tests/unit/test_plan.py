@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpuhost.plan.make import HOST, Owner, PlanError, make_plan
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.model import HOST, Owner, PlanError
 from gpuhost.plan.render import render_plan
 from gpuhost.spec.host import HostSpec
 from tests.unit.hosts import h200x2 as h200x2_facts

@@ -13,9 +13,9 @@ from gpuhost.build.kernel import (
     CLONE_OPTIONS,
     KernelBuildError,
     KernelRecipe,
-    build,
     plain_pve_note,
 )
+from gpuhost.build.kernelbuild import build
 from gpuhost.build.pvekernel import is_pve_tree, tree_variables, verify
 from tests.build.pvekernel_standin import write_standin
 from tests.kerneldebs import headers_deb, kernel_deb

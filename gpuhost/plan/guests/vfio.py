@@ -43,16 +43,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import jinja2
 
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.plan.guests.split import slot
+from gpuhost.plan.model import GpuAssignment
 from gpuhost.spec.values import normalize_bdf
-
-if TYPE_CHECKING:
-    from gpuhost.plan.make import GpuAssignment
 
 MODPROBE_CONF = "/etc/modprobe.d/gpuhost-vfio.conf"
 INITRAMFS_HOOK = "/etc/initramfs-tools/hooks/gpuhost-vfio"
