@@ -38,7 +38,6 @@ from gpuhost.plan.driver.userspace import INSTALLER_FLAGS, DriverUserspace
 from gpuhost.plan.guests.containers import ContainerDevices, edit_raw, record_path, restart_marker
 from gpuhost.plan.guests.power import guests_from_configs, start_order
 from gpuhost.plan.make import Plan
-from gpuhost.plan.trial.state import Step
 from gpuhost.pve.backup import backup_command, config_path
 
 GUEST_DIR = "/var/lib/gpuhost"  # inside the container, where the installer is pushed
@@ -233,8 +232,7 @@ def configure(plan: Plan) -> None:
     if wanted is None or not plan.lxc_nodes:
         return  # the userspace is not gpuhost's to manage here (no driver.source.installer)
     driver = observed(host).driver
-    rebooting = bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED
-    ready = (driver is not None and driver.version == wanted.version) or rebooting
+    ready = (driver is not None and driver.version == wanted.version) or plan.rebooting
     container_userspace(
         name=f"NVIDIA {wanted.version} userspace in the GPU containers (no kernel modules)",
         wanted=wanted,

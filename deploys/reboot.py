@@ -20,7 +20,7 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, 
 from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
-from deploys.guests import guest_power, start_guests, stop_guests
+from deploys.guests import start_guests, stop_guests
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo, KernelCmdline
 from facts.pci import PciDevice, PciDevices
@@ -181,7 +181,8 @@ def pin_kernel(plan: Plan):
 @deploy("Reboot when needed")
 def reboot_if_needed(plan: Plan) -> None:
     pin_kernel(name="Keep the running kernel for the reboot", plan=plan)
-    guests = guest_power(plan)
+    guests = plan.guest_power
+    assert guests is not None  # a deploy's facts carry the guests' statuses
     reboot_and_confirm(
         name="Reboot to apply boot-time changes",
         plan=plan,

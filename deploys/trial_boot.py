@@ -24,7 +24,7 @@ from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
-from deploys.guests import guest_power, start_guests, stop_guests
+from deploys.guests import start_guests, stop_guests
 from deploys.ops import mark_pending, write_command
 from deploys.ops import step as _step
 from deploys.reboot import _read
@@ -302,7 +302,8 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
 
 @deploy("Trial boot")
 def trial(plan: Plan) -> None:
-    guests = guest_power(plan, rebooting=plan.trial_step is Step.START)
+    guests = plan.guest_power
+    assert guests is not None  # a deploy's facts carry the guests' statuses
     # One host at a time across a fleet, and none after a failed one: deploys/rollout.py runs
     # each host's whole deploy in a turn of its own (kernel.trial.parallel shares the first).
     trial_boot = plan.trial_boot

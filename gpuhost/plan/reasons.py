@@ -52,10 +52,13 @@ def reboot_reasons(
     live_uvm = live.get("nvidia_uvm", {})
     if driver is not None and not live_uvm and "nvidia" in modules_load:
         reasons.append(Reason("modules", "nvidia_uvm is not loaded; it must load at boot"))
-    for name, value in expected_parameters.get("nvidia_uvm", {}).items():
-        if name in live_uvm and live_uvm[name] != value:
-            text = f"nvidia_uvm {name} is {live_uvm[name]}, must be {value} (module reload)"
-            reasons.append(Reason("modules", text))
+    # Every planned parameter, of any module: a loaded module keeps what it was loaded with.
+    for module, parameters in expected_parameters.items():
+        loaded = live.get(module, {})
+        for name, value in parameters.items():
+            if name in loaded and loaded[name] != value:
+                text = f"{module} {name} is {loaded[name]}, must be {value} (module reload)"
+                reasons.append(Reason("modules", text))
     if kernel.release != spec.kernel.version:
         text = f"kernel {spec.kernel.version} must boot (running {kernel.release})"
         reasons.append(Reason("kernel", text))
