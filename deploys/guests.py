@@ -26,8 +26,8 @@ from pyinfra import host, logger
 from pyinfra.api import operation
 
 from deploys.context import made_plan, observed
+from deploys.ops import write_file
 from deploys.vms import refresh_commands
-from gpuhost.paths import STATE_DIR
 from gpuhost.plan.guests.power import RECORD, Guest, GuestPower
 
 TOOL = {"lxc": "pct", "qemu": "qm"}
@@ -56,11 +56,7 @@ def stop_guests(power: GuestPower, timeout: int = 180):
     logger.info(
         f"{host.print_prefix}stopping {', '.join(g.word for g in power.stop)} (in this order)"
     )
-    record, tmp = shlex.quote(RECORD), shlex.quote(f"{RECORD}.gpuhost-new")
-    yield (
-        f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {shlex.quote(power.record)} > {tmp} "
-        f"&& mv -fT {tmp} {record}"
-    )
+    yield write_file(RECORD, power.record)
     yield f"pvesh create /nodes/localhost/stopall --vms {_vms(power.stop)} --timeout {int(timeout)}"
     yield " && ".join(
         f"{{ {_status_is(g, 'stopped')} || {{ echo '{g.word} still runs after stopall' >&2; "

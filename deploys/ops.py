@@ -112,6 +112,17 @@ def managed_file(item: ManagedFile, follow_ups: list[FollowUp] | None = None):
     yield write_command(item, mark)
 
 
+def write_file(path: str, text: str) -> str:
+    """Write a short text file (gpuhost's records) atomically: a temporary file renamed over
+    the path, so a run killed in between leaves the old record or the new one, never half."""
+    q = shlex.quote
+    tmp = f"{path}.gpuhost-new"
+    return (
+        f"mkdir -p {q(posixpath.dirname(path))} && printf %s {q(text)} > {q(tmp)} && "
+        f"mv -fT {q(tmp)} {q(path)}"
+    )
+
+
 def write_command(item: ManagedFile, mark: list[str] | None = None) -> StringCommand:
     """Write ``item`` (content or absence) atomically: a temporary file renamed over the path,
     so a crash never leaves half a file behind (a truncated /etc/kernel/cmdline makes a host

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from dataclasses import dataclass
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
@@ -21,6 +22,7 @@ from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
 from deploys.guests import start_guests, stop_guests
+from deploys.ops import write_file
 from facts.files import BootId
 from facts.kernel import KernelBuildInfo, KernelCmdline
 from facts.pci import PciDevice, PciDevices
@@ -79,6 +81,37 @@ def _read(host, fact) -> object | None:
     return fact.process(output.stdout_lines) if ok and output.stdout_lines else None
 
 
+@dataclass(frozen=True)
+class NewBoot:
+    boot_id: str
+    kernel: str  # the release it runs
+    cmdline: list[str] | None  # /proc/cmdline, when asked for
+
+
+def wait_for_boot(
+    host, before: str | None, delay: int, timeout: int, cmdline: bool = False
+) -> NewBoot:
+    """The boot after ``before`` (a boot id), once the host is back: reconnect every second
+    until ``timeout`` seconds have passed. A new boot id marks the new boot, so the old boot
+    going down is never taken for it (as /proc/uptime can be, read within a second).
+
+    + cmdline: read /proc/cmdline too, and wait until it reads
+    """
+    time.sleep(delay)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        host.disconnect()
+        host.connect(show_errors=False)
+        if host.connected:
+            boot_id = _read(host, BootId())
+            line = _read(host, KernelCmdline()) if cmdline else None
+            kernel = _read(host, KernelBuildInfo())
+            if boot_id not in (None, before) and (line is not None or not cmdline) and kernel:
+                return NewBoot(str(boot_id), kernel.release, line)
+        time.sleep(1)
+    raise OperationError(f"the host did not come back with a new boot within {timeout} s")
+
+
 @operation(is_idempotent=False)
 def reboot_and_confirm(
     plan: Plan, delay: int = 10, timeout: int = 600, guests: GuestPower | None = None
@@ -117,27 +150,14 @@ def reboot_and_confirm(
     logger.info(f"{host.print_prefix}rebooting now (reasons in the plan above)")
     # Record, stop the guests, then reboot detached, so the SSH channel closes before the host
     # goes down (see pyinfra #1708).
-    record_text = shlex.quote(render_record(now.boot_id or "", reasons))
-    yield f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {record_text} > {shlex.quote(RECORD)}"
+    yield write_file(RECORD, render_record(now.boot_id or "", reasons))
     if guests is not None:
         yield from stop_guests._inner(power=guests)
     yield "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &"
 
     def wait_for_new_boot(state, host) -> bool:
-        time.sleep(delay)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            host.disconnect()
-            host.connect(show_errors=False)
-            if host.connected:
-                new_id = _read(host, BootId())
-                cmdline = _read(host, KernelCmdline())
-                kernel = _read(host, KernelBuildInfo())
-                if new_id not in (None, now.boot_id) and cmdline is not None and kernel:
-                    break
-            time.sleep(1)
-        else:
-            raise OperationError(f"the host did not come back with a new boot within {timeout} s")
+        boot = wait_for_boot(host, now.boot_id, delay, timeout, cmdline=True)
+        cmdline = boot.cmdline or []
         missing = [p for p in plan.cmdline_present if p not in cmdline]
         stale = [p for p in plan.cmdline_absent if p in cmdline]
         if missing or stale:
@@ -145,10 +165,8 @@ def reboot_and_confirm(
                 f"after the reboot /proc/cmdline lacks {missing or 'nothing'} and still has "
                 f"{stale or 'nothing'}: the boot loader did not take the new command line"
             )
-        if kernel.release != plan.running_kernel:
-            raise OperationError(
-                f"the host booted kernel {kernel.release}, not {plan.running_kernel}"
-            )
+        if boot.kernel != plan.running_kernel:
+            raise OperationError(f"the host booted kernel {boot.kernel}, not {plan.running_kernel}")
         wrong = misbound_after_boot(plan, _read(host, PciDevices()) or {})
         if wrong:
             raise OperationError(
@@ -157,7 +175,7 @@ def reboot_and_confirm(
             )
         host.run_shell_command(StringCommand("rm -f", shlex.quote(RECORD)), print_output=False)
         logger.info(
-            f"{host.print_prefix}new boot {new_id}: bindings and kernel command line confirmed"
+            f"{host.print_prefix}new boot {boot.boot_id}: bindings and kernel command line confirmed"
         )
         return True
 
