@@ -17,11 +17,12 @@ from facts._parse import UnparsedOutput
 from facts.files import ManagedFiles, parse_managed_files
 from facts.nvidia import DriverVersion, parse_driver_version
 from gpuhost.guestsw.cudarepos import GPGV, SQV, SQV_POLICY, GuestOs, parse_os_release
+from gpuhost.paths import STATE_DIR
 
 UV_PATH = "/usr/local/bin/uv"
 STAMP = ".gpuhost-stamp"  # in a venv: the install it holds (guestplan.venv_stamp)
 HOOK = "gpuhost-env.sh"  # in a venv: sourced by bin/activate
-SERVICE_STAMPS = "/var/lib/gpuhost"  # service-<name>.stamp: the state it was (re)started with
+SERVICE_STAMPS = STATE_DIR  # service-<name>.stamp: the state it was (re)started with
 _DIST = re.compile(r"(?P<name>\S+) (?P<version>\S+)")
 
 

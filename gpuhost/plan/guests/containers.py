@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from facts.containers import PackageVersion
 from facts.proxmox import GuestConfig
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.guests.devices import node_major, node_minor
 from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.host import HostSpec
 
-RECORD_PREFIX = "/var/lib/gpuhost/ct-"  # gpuhost.plan.make.STATE_DIR: its own records
+RECORD_PREFIX = f"{STATE_DIR}/ct-"  # its own records
 DEVN_SINCE = (5, 0, 7)  # pve-container 5.0.7 = Proxmox VE 8.1
 DEV_MODE = "0666"  # the mode nvidia-modprobe gives the host's nodes (Proxmox's default: 0660)
 DEV_KEY = re.compile(r"dev(\d+)")
