@@ -36,7 +36,7 @@ from gpuhost.build.kernel import (
 from gpuhost.build.kernelbuild import build
 from gpuhost.cli import main
 from gpuhost.spec.host import HostSpec
-from gpuhost.spec.inventory import SpecError, validate_spec
+from gpuhost.spec.validate import SpecError, validate_spec
 
 BUILD = {
     "version": "6.14.8-2-bpo12-pve",
