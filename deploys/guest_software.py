@@ -21,14 +21,8 @@ from deploys.ops import _show_diff, write_command
 from facts.guestsoft import STAMP, UV_PATH, GuestFacts, commands, parse_guest
 from facts.snapshot import Combined
 from gpuhost.guestsw.control import control_for
-from gpuhost.guestsw.plan import (
-    GuestPlan,
-    GuestPlanError,
-    ServicePlan,
-    VenvPlan,
-    make_guest_plan,
-    planned_paths,
-)
+from gpuhost.guestsw.model import GuestPlan, GuestPlanError, ServicePlan, VenvPlan
+from gpuhost.guestsw.plan import make_guest_plan, planned_paths
 from gpuhost.guestsw.render import render_guest_plan
 from gpuhost.plan.guests.split import owner_of_guest
 from gpuhost.plan.make import make_plan
@@ -281,7 +275,7 @@ def service(plan: ServicePlan):
 
 def configure(plan: GuestPlan) -> None:
     """Apply the guest plan: repository, toolkits, default, env, uv, venvs, services."""
-    from gpuhost.guestsw.plan import KEYRING, SOURCES
+    from gpuhost.guestsw.model import KEYRING, SOURCES
 
     for path in (KEYRING, SOURCES):
         if path in plan.files:

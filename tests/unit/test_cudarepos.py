@@ -20,7 +20,8 @@ from gpuhost.guestsw.cudarepos import (
     sqv_refuses,
 )
 from gpuhost.guestsw.files import sources
-from gpuhost.guestsw.plan import SOURCES, make_guest_plan
+from gpuhost.guestsw.model import SOURCES
+from gpuhost.guestsw.plan import make_guest_plan
 from tests.unit.test_guestplan import CONTROL, facts, guest, problems
 
 KEYS = Path(__file__).parents[1] / "fixtures" / "keys"

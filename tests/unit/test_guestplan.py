@@ -20,17 +20,8 @@ from facts.guestsoft import (
 from facts.nvidia import DriverVersion
 from gpuhost.guestsw.cudarepos import GuestOs
 from gpuhost.guestsw.indexconf import IndexConfig, control_indexes
-from gpuhost.guestsw.plan import (
-    KEYRING,
-    PROFILE,
-    SOURCES,
-    UV_CONFIG,
-    Control,
-    GuestPlanError,
-    make_guest_plan,
-    max_jobs,
-    planned_paths,
-)
+from gpuhost.guestsw.model import KEYRING, PROFILE, SOURCES, UV_CONFIG, Control, GuestPlanError
+from gpuhost.guestsw.plan import make_guest_plan, max_jobs, planned_paths
 from gpuhost.guestsw.render import render_guest_plan
 from gpuhost.spec.guests import LxcGuest
 
