@@ -21,7 +21,14 @@ from deploys.ops import _show_diff, write_command
 from facts.guestsoft import STAMP, UV_PATH, GuestFacts, commands, parse_guest
 from facts.snapshot import Combined
 from gpuhost.guestsw.control import control_for
-from gpuhost.guestsw.model import GuestPlan, GuestPlanError, ServicePlan, VenvPlan
+from gpuhost.guestsw.model import (
+    KEYRING,
+    SOURCES,
+    GuestPlan,
+    GuestPlanError,
+    ServicePlan,
+    VenvPlan,
+)
 from gpuhost.guestsw.plan import make_guest_plan, planned_paths
 from gpuhost.guestsw.render import render_guest_plan
 from gpuhost.plan.guests.split import owner_of_guest
@@ -275,8 +282,6 @@ def service(plan: ServicePlan):
 
 def configure(plan: GuestPlan) -> None:
     """Apply the guest plan: repository, toolkits, default, env, uv, venvs, services."""
-    from gpuhost.guestsw.model import KEYRING, SOURCES
-
     for path in (KEYRING, SOURCES):
         if path in plan.files:
             guest_file(name=f"CUDA repository: {path}", item=plan.files[path])

@@ -71,7 +71,7 @@ def misbound_after_boot(plan: Plan, pci: dict[str, PciDevice]) -> list[str]:
     return wrong
 
 
-def _read(host, fact) -> object | None:
+def read_fact(host, fact) -> object | None:
     """A fact read that may meet the old boot going down: None instead of failing the host
     (host.get_fact would mark the host failed on the dropped session)."""
     try:
@@ -103,9 +103,9 @@ def wait_for_boot(
         host.disconnect()
         host.connect(show_errors=False)
         if host.connected:
-            boot_id = _read(host, BootId())
-            line = _read(host, KernelCmdline()) if cmdline else None
-            kernel = _read(host, KernelBuildInfo())
+            boot_id = read_fact(host, BootId())
+            line = read_fact(host, KernelCmdline()) if cmdline else None
+            kernel = read_fact(host, KernelBuildInfo())
             if boot_id not in (None, before) and (line is not None or not cmdline) and kernel:
                 return NewBoot(str(boot_id), kernel.release, line)
         time.sleep(1)
@@ -167,7 +167,7 @@ def reboot_and_confirm(
             )
         if boot.kernel != plan.running_kernel:
             raise OperationError(f"the host booted kernel {boot.kernel}, not {plan.running_kernel}")
-        wrong = misbound_after_boot(plan, _read(host, PciDevices()) or {})
+        wrong = misbound_after_boot(plan, read_fact(host, PciDevices()) or {})
         if wrong:
             raise OperationError(
                 f"after the reboot {'; '.join(wrong)}: the boot did not make the planned "

@@ -26,7 +26,7 @@ from deploys.context import observed
 from deploys.guests import start_guests, stop_guests
 from deploys.ops import mark_pending, write_command, write_file
 from deploys.ops import step as _step
-from deploys.reboot import _read, wait_for_boot
+from deploys.reboot import read_fact, wait_for_boot
 from facts.files import BootId
 from gpuhost.audit.gate import run_gate
 from gpuhost.plan.guests.power import GuestPower
@@ -152,7 +152,7 @@ def _drop_panic_parameters(host, plan: Plan) -> None:
 
 def _reboot(host) -> str:
     """Reboot detached (the SSH channel closes before the host goes down); the old boot id."""
-    before = _read(host, BootId())
+    before = read_fact(host, BootId())
     if before is None:
         raise OperationError("cannot read the boot id before the reboot")
     host.run_shell_command(

@@ -2,12 +2,14 @@
 
 The Plan is the one description of the desired state: which GPU goes to whom and which driver
 binds it, every managed file's path and content (or absence), the kernel command line, module
-options, the follow-up steps those files need, expected P2P, and every reason to reboot. Deploys
-apply it, `gpuhost plan` and `--dry` render it, the audit checks it. Splits that cannot work are
+options, the follow-up steps those files need, expected P2P, every reason to reboot, whether
+this run reboots and which guests stop and start around it. Deploys apply it, `gpuhost plan` and `--dry` render it, the audit checks it. Splits that cannot work are
 refused with every problem named.
 
 Reasons to reboot are read from what the host shows (the running command line, live module
 parameters), never from what a run changed: a run killed anywhere converges on the next.
+
+make_plan chains the phases of gpuhost/plan/phases.py; the Plan's parts are gpuhost/plan/model.py's.
 """
 
 from __future__ import annotations
