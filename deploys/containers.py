@@ -31,27 +31,20 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, OperationError, deploy, operation
 
 from deploys.context import observed
+from deploys.ops import write_file
 from facts.containers import ContainerStates
 from gpuhost.observe.containers import ContainerState
 from gpuhost.observe.nvidia_driver import NvidiaUserspace
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.driver.userspace import INSTALLER_FLAGS, DriverUserspace
 from gpuhost.plan.guests.containers import ContainerDevices, edit_raw, record_path, restart_marker
 from gpuhost.plan.guests.power import guests_from_configs, start_order
-from gpuhost.plan.make import STATE_DIR, Plan
-from gpuhost.plan.trial.state import Step
+from gpuhost.plan.make import Plan
 from gpuhost.pve.backup import backup_command, config_path
 
-GUEST_DIR = "/var/lib/gpuhost"  # inside the container, where the installer is pushed
+GUEST_DIR = STATE_DIR  # inside the container too: where the installer is pushed
 STOP_TIMEOUT = 180  # seconds a container gets to shut down before it is stopped hard
 _q = shlex.quote
-
-
-def _write(path: str, text: str) -> str:
-    tmp = f"{path}.gpuhost-new"
-    return (
-        f"mkdir -p {_q(posixpath.dirname(path))} && printf %s {_q(text)} > {_q(tmp)} && "
-        f"mv -fT {_q(tmp)} {_q(path)}"
-    )
 
 
 def _states(ctids: tuple[int, ...]) -> dict[int, ContainerState]:
@@ -96,7 +89,7 @@ def container_devices(ct: ContainerDevices):
     record = record_path(ct.ctid)
     if not ct.changes_config and not ct.restart:
         if files.get(record) != (ct.record or None):
-            yield _write(record, ct.record) if ct.record else f"rm -f {_q(record)}"
+            yield write_file(record, ct.record) if ct.record else f"rm -f {_q(record)}"
         else:
             host.noop(f"CT {ct.ctid} grants {len(ct.nodes)} NVIDIA node(s) ({ct.mode})")
         return
@@ -107,7 +100,7 @@ def container_devices(ct: ContainerDevices):
             raise OperationError(f"{config_path('lxc', ctid)} is gone")
         old = [ln for ln in (files.get(record) or "").splitlines() if ln]
         union = "".join(f"{ln}\n" for ln in dict.fromkeys([*old, *ct.record.splitlines()]))
-        first = [backup_command("lxc", ctid), _write(record, union)]
+        first = [backup_command("lxc", ctid), write_file(record, union)]
         if ct.running:
             first.append(f"touch {_q(restart_marker(ctid))}")
         yield " && ".join(first)
@@ -127,7 +120,7 @@ def container_devices(ct: ContainerDevices):
                 words.append(f"--delete {','.join(ct.dev_delete)}")
             host.log(f"CT {ctid}: {' '.join(words)}", logger.info)
             yield " ".join(words)
-        yield _write(record, ct.record) if ct.record else f"rm -f {_q(record)}"
+        yield write_file(record, ct.record) if ct.record else f"rm -f {_q(record)}"
     if ct.restart:
         host.log(f"CT {ctid} restarts to get its device entries", logger.info)
         yield restart_command(ctid)
@@ -233,8 +226,7 @@ def configure(plan: Plan) -> None:
     if wanted is None or not plan.lxc_nodes:
         return  # the userspace is not gpuhost's to manage here (no driver.source.installer)
     driver = observed(host).driver
-    rebooting = bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED
-    ready = (driver is not None and driver.version == wanted.version) or rebooting
+    ready = (driver is not None and driver.version == wanted.version) or plan.rebooting
     container_userspace(
         name=f"NVIDIA {wanted.version} userspace in the GPU containers (no kernel modules)",
         wanted=wanted,

@@ -15,7 +15,8 @@ from pyinfra.api.host import Host
 from facts.snapshot import Combined
 from gpuhost.control import read_control
 from gpuhost.observe.hostfacts import HostFacts, combined_args, parse_raw
-from gpuhost.plan.make import Plan, PlanError, make_plan
+from gpuhost.plan.make import Plan, make_plan
+from gpuhost.plan.model import PlanError
 from gpuhost.plan.preconditions import unmet
 from gpuhost.plan.render import render_plan
 from gpuhost.spec.host import HostSpec

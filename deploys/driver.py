@@ -41,9 +41,10 @@ from gpuhost.build.driverstore import (
     store_built,
 )
 from gpuhost.observe.driver_install import PENDING
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.driver.modules import MODULES_KIND, DriverModules, for_new_kernel
 from gpuhost.plan.driver.toolchain import build_jobs
-from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.plan.make import Plan
 
 BUILD_DIR = f"{STATE_DIR}/driver-build"
 

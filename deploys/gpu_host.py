@@ -38,8 +38,7 @@ def provision() -> None:
     context.refuse_unmet(plan, host)  # the token, driver files, stores: before any change
     trial_boot.preflight(plan)
     for _turn in rollout.turns(host):  # one host after another across a fleet: deploys/rollout.py
-        rebooting = bool(plan.reboot_now) or plan.trial_step is not Step.CONVERGED
-        moving = None if rebooting else split.power(plan)  # GPUs move live: deploys/split.py
+        moving = plan.moving_guests  # GPUs move live (no reboot in this run): deploys/split.py
         if moving is not None:
             split.release(moving)
         trial_boot.before_install(name="Room for a new kernel; pin the running one", plan=plan)
@@ -47,7 +46,7 @@ def provision() -> None:
         driver.configure(plan, new_kernel.compiler if new_kernel is not None else None)
         userspace.configure(plan)  # before any reboot: the open module needs its GSP firmware
         boot_cmdline.configure(plan)
-        vfio.configure(plan, live=not rebooting)  # before modules: one initramfs rebuild
+        vfio.configure(plan, live=not plan.rebooting)  # before modules: one initramfs rebuild
         modules.configure(plan)
         devices.configure(plan)
         vms.configure(plan)

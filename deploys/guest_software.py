@@ -20,19 +20,21 @@ from deploys import context
 from deploys.ops import _show_diff, write_command
 from facts.snapshot import Combined
 from gpuhost.guestsw.control import control_for
-from gpuhost.guestsw.plan import (
+from gpuhost.guestsw.model import (
+    KEYRING,
+    SOURCES,
     GuestPlan,
     GuestPlanError,
     ServicePlan,
     VenvPlan,
-    make_guest_plan,
-    planned_paths,
 )
+from gpuhost.guestsw.plan import make_guest_plan, planned_paths
 from gpuhost.guestsw.render import render_guest_plan
 from gpuhost.observe.guestsoft import STAMP, UV_PATH, GuestFacts, commands, parse_guest
 from gpuhost.observe.snapshot import Commands
 from gpuhost.plan.guests.split import owner_of_guest
-from gpuhost.plan.make import ManagedFile, PlanError, make_plan
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.model import ManagedFile, PlanError
 from gpuhost.pve.guests import GuestEntry
 from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.inventory import GUEST_KEY, SOURCE_KEY, SPEC_KEY
@@ -281,8 +283,6 @@ def service(plan: ServicePlan):
 
 def configure(plan: GuestPlan) -> None:
     """Apply the guest plan: repository, toolkits, default, env, uv, venvs, services."""
-    from gpuhost.guestsw.plan import KEYRING, SOURCES
-
     for path in (KEYRING, SOURCES):
         if path in plan.files:
             guest_file(name=f"CUDA repository: {path}", item=plan.files[path])

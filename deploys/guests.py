@@ -26,32 +26,11 @@ from pyinfra import host, logger
 from pyinfra.api import operation
 
 from deploys.context import made_plan, observed
+from deploys.ops import write_file
 from deploys.vms import refresh_commands
-from gpuhost.plan.guests.power import (
-    Guest,
-    GuestPower,
-    guests_from_configs,
-    parse_record,
-    plan_guest_power,
-)
-from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.plan.guests.power import RECORD, Guest, GuestPower
 
-RECORD = f"{STATE_DIR}/guests-before-reboot"
 TOOL = {"lxc": "pct", "qemu": "qm"}
-
-
-def guest_power(plan: Plan, rebooting: bool | None = None) -> GuestPower:
-    """What to stop before the Plan's reboot (if any; ``rebooting`` overrides, e.g. for a
-    trial boot) and bring back after, from the host's configs, its running guests and the
-    record of an earlier run."""
-    now = observed(host)
-    assert now.managed is not None and now.guest_statuses is not None
-    return plan_guest_power(
-        guests_from_configs(now.guest_configs),
-        now.guest_statuses,
-        parse_record(now.managed.files.get(RECORD)),
-        rebooting=bool(plan.reboot_now) if rebooting is None else rebooting,
-    )
 
 
 def _vms(guests: list[Guest]) -> str:
@@ -67,7 +46,8 @@ def stop_guests(power: GuestPower, timeout: int = 180):
     """
     Shut down the running guests (reverse startup order), recording them first.
 
-    + power: from :func:`guest_power`: the guests to stop and the record to keep
+    + power: the Plan's (``guest_power`` or ``moving_guests``): the guests to stop, the record
+      to keep
     + timeout: seconds each guest gets to shut down before it is stopped hard
     """
     if not power.stop:
@@ -76,11 +56,7 @@ def stop_guests(power: GuestPower, timeout: int = 180):
     logger.info(
         f"{host.print_prefix}stopping {', '.join(g.word for g in power.stop)} (in this order)"
     )
-    record, tmp = shlex.quote(RECORD), shlex.quote(f"{RECORD}.gpuhost-new")
-    yield (
-        f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {shlex.quote(power.record)} > {tmp} "
-        f"&& mv -fT {tmp} {record}"
-    )
+    yield write_file(RECORD, power.record)
     yield f"pvesh create /nodes/localhost/stopall --vms {_vms(power.stop)} --timeout {int(timeout)}"
     yield " && ".join(
         f"{{ {_status_is(g, 'stopped')} || {{ echo '{g.word} still runs after stopall' >&2; "
@@ -94,7 +70,7 @@ def start_guests(power: GuestPower, wait: int = 120):
     """
     Start the recorded guests in startup order, wait until each runs, remove the record.
 
-    + power: from :func:`guest_power`: the guests to bring back
+    + power: the Plan's (``guest_power`` or ``moving_guests``): the guests to bring back
     + wait: seconds each guest may take to show as running
     """
     had_record = RECORD in (observed(host).managed.files if observed(host).managed else {})

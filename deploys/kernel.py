@@ -35,7 +35,8 @@ from gpuhost.build.kernelstore import (
 )
 from gpuhost.build.remotestore import store_for
 from gpuhost.observe.zfs import KernelFeatures
-from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.paths import STATE_DIR
+from gpuhost.plan.make import Plan
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import SOURCE_KEY, SPEC_KEY
 

@@ -19,7 +19,9 @@ from pyinfra.api.util import format_text
 from pyinfra.operations.util.files import generate_color_diff
 
 from deploys.context import observed
-from gpuhost.plan.make import STATE_DIR, FollowUp, ManagedFile, Plan
+from gpuhost.paths import STATE_DIR
+from gpuhost.plan.make import Plan
+from gpuhost.plan.model import FollowUp, ManagedFile
 
 
 def _show_diff(path: str, current: str | None, wanted: str | None) -> None:
@@ -108,6 +110,17 @@ def managed_file(item: ManagedFile, follow_ups: list[FollowUp] | None = None):
         return
     _show_diff(path, current, item.content)
     yield write_command(item, mark)
+
+
+def write_file(path: str, text: str) -> str:
+    """Write a short text file (gpuhost's records) atomically: a temporary file renamed over
+    the path, so a run killed in between leaves the old record or the new one, never half."""
+    q = shlex.quote
+    tmp = f"{path}.gpuhost-new"
+    return (
+        f"mkdir -p {q(posixpath.dirname(path))} && printf %s {q(text)} > {q(tmp)} && "
+        f"mv -fT {q(tmp)} {q(path)}"
+    )
 
 
 def write_command(item: ManagedFile, mark: list[str] | None = None) -> StringCommand:

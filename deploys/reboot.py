@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import shlex
 import time
+from dataclasses import dataclass
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
 from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
-from deploys.guests import guest_power, start_guests, stop_guests
+from deploys.guests import start_guests, stop_guests
+from deploys.ops import write_file
 from gpuhost.observe.files import BootId
 from gpuhost.observe.kernel import KernelBuildInfo, KernelCmdline
 from gpuhost.observe.pci import PciDevice, PciDevices
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.guests.power import GuestPower
-from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.plan.make import Plan
 
 RECORD = f"{STATE_DIR}/last-reboot"
 
@@ -68,7 +71,7 @@ def misbound_after_boot(plan: Plan, pci: dict[str, PciDevice]) -> list[str]:
     return wrong
 
 
-def _read(host, fact) -> object | None:
+def read_fact(host, fact) -> object | None:
     """A fact read that may meet the old boot going down: None instead of failing the host
     (host.get_fact would mark the host failed on the dropped session)."""
     try:
@@ -76,6 +79,37 @@ def _read(host, fact) -> object | None:
     except Exception:  # paramiko's EOFError/SSHException/socket errors as sshd goes away
         return None
     return fact.process(output.stdout_lines) if ok and output.stdout_lines else None
+
+
+@dataclass(frozen=True)
+class NewBoot:
+    boot_id: str
+    kernel: str  # the release it runs
+    cmdline: list[str] | None  # /proc/cmdline, when asked for
+
+
+def wait_for_boot(
+    host, before: str | None, delay: int, timeout: int, cmdline: bool = False
+) -> NewBoot:
+    """The boot after ``before`` (a boot id), once the host is back: reconnect every second
+    until ``timeout`` seconds have passed. A new boot id marks the new boot, so the old boot
+    going down is never taken for it (as /proc/uptime can be, read within a second).
+
+    + cmdline: read /proc/cmdline too, and wait until it reads
+    """
+    time.sleep(delay)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        host.disconnect()
+        host.connect(show_errors=False)
+        if host.connected:
+            boot_id = read_fact(host, BootId())
+            line = read_fact(host, KernelCmdline()) if cmdline else None
+            kernel = read_fact(host, KernelBuildInfo())
+            if boot_id not in (None, before) and (line is not None or not cmdline) and kernel:
+                return NewBoot(str(boot_id), kernel.release, line)
+        time.sleep(1)
+    raise OperationError(f"the host did not come back with a new boot within {timeout} s")
 
 
 @operation(is_idempotent=False)
@@ -116,27 +150,14 @@ def reboot_and_confirm(
     logger.info(f"{host.print_prefix}rebooting now (reasons in the plan above)")
     # Record, stop the guests, then reboot detached, so the SSH channel closes before the host
     # goes down (see pyinfra #1708).
-    record_text = shlex.quote(render_record(now.boot_id or "", reasons))
-    yield f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {record_text} > {shlex.quote(RECORD)}"
+    yield write_file(RECORD, render_record(now.boot_id or "", reasons))
     if guests is not None:
         yield from stop_guests._inner(power=guests)
     yield "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &"
 
     def wait_for_new_boot(state, host) -> bool:
-        time.sleep(delay)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            host.disconnect()
-            host.connect(show_errors=False)
-            if host.connected:
-                new_id = _read(host, BootId())
-                cmdline = _read(host, KernelCmdline())
-                kernel = _read(host, KernelBuildInfo())
-                if new_id not in (None, now.boot_id) and cmdline is not None and kernel:
-                    break
-            time.sleep(1)
-        else:
-            raise OperationError(f"the host did not come back with a new boot within {timeout} s")
+        boot = wait_for_boot(host, now.boot_id, delay, timeout, cmdline=True)
+        cmdline = boot.cmdline or []
         missing = [p for p in plan.cmdline_present if p not in cmdline]
         stale = [p for p in plan.cmdline_absent if p in cmdline]
         if missing or stale:
@@ -144,11 +165,9 @@ def reboot_and_confirm(
                 f"after the reboot /proc/cmdline lacks {missing or 'nothing'} and still has "
                 f"{stale or 'nothing'}: the boot loader did not take the new command line"
             )
-        if kernel.release != plan.running_kernel:
-            raise OperationError(
-                f"the host booted kernel {kernel.release}, not {plan.running_kernel}"
-            )
-        wrong = misbound_after_boot(plan, _read(host, PciDevices()) or {})
+        if boot.kernel != plan.running_kernel:
+            raise OperationError(f"the host booted kernel {boot.kernel}, not {plan.running_kernel}")
+        wrong = misbound_after_boot(plan, read_fact(host, PciDevices()) or {})
         if wrong:
             raise OperationError(
                 f"after the reboot {'; '.join(wrong)}: the boot did not make the planned "
@@ -156,7 +175,7 @@ def reboot_and_confirm(
             )
         host.run_shell_command(StringCommand("rm -f", shlex.quote(RECORD)), print_output=False)
         logger.info(
-            f"{host.print_prefix}new boot {new_id}: bindings and kernel command line confirmed"
+            f"{host.print_prefix}new boot {boot.boot_id}: bindings and kernel command line confirmed"
         )
         return True
 
@@ -180,7 +199,8 @@ def pin_kernel(plan: Plan):
 @deploy("Reboot when needed")
 def reboot_if_needed(plan: Plan) -> None:
     pin_kernel(name="Keep the running kernel for the reboot", plan=plan)
-    guests = guest_power(plan)
+    guests = plan.guest_power
+    assert guests is not None  # a deploy's facts carry the guests' statuses
     reboot_and_confirm(
         name="Reboot to apply boot-time changes",
         plan=plan,

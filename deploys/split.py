@@ -1,4 +1,5 @@
 """Moving GPUs between guests while the host runs: no GPU is ever in two running guests.
+Which guests stop and start is the Plan's (``moving_guests``, gpuhost/plan/phases.py).
 
 A guest whose GPU entries change (a container's device entries, a VM's owned hostpci entries,
 gpuhost/plan/guests/containers.py and gpuhost/plan/guests/vms.py) is affected, on both sides of every move: the guest
@@ -17,39 +18,10 @@ the VMs' boards for vfio-pci; nothing is stopped here.
 
 from __future__ import annotations
 
-from pyinfra import host
 from pyinfra.api import deploy
 
-from deploys.context import observed
-from deploys.guests import RECORD, start_guests, stop_guests
-from gpuhost.plan.guests.power import (
-    GuestId,
-    GuestPower,
-    guests_from_configs,
-    parse_record,
-    plan_guest_power,
-)
-from gpuhost.plan.make import Plan
-
-
-def affected(plan: Plan) -> set[GuestId]:
-    """The guests whose GPU entries change in this run."""
-    found: set[GuestId] = {("qemu", vmid) for vmid, vm in plan.vm_split.vms.items() if vm.changes}
-    found |= {
-        ("lxc", ctid) for ctid, ct in plan.containers.items() if ct.changes_config or ct.restart
-    }
-    return found
-
-
-def power(plan: Plan) -> GuestPower:
-    """Stop the affected guests that run; bring them back (and an earlier killed run's) after."""
-    now = observed(host)
-    moving = affected(plan)
-    statuses = {g: s for g, s in (now.guest_statuses or {}).items() if g in moving}
-    recorded = parse_record(now.managed.files.get(RECORD) if now.managed else None)
-    return plan_guest_power(
-        guests_from_configs(now.guest_configs), statuses, recorded, rebooting=True
-    )
+from deploys.guests import start_guests, stop_guests
+from gpuhost.plan.guests.power import GuestPower
 
 
 @deploy("Release the GPUs that move")

@@ -17,22 +17,21 @@ Order across the deploy (deploys/gpu_host.py):
 from __future__ import annotations
 
 import shlex
-import time
 
 from pyinfra import host, logger
 from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
-from deploys.guests import guest_power, start_guests, stop_guests
-from deploys.ops import mark_pending, write_command
+from deploys.guests import start_guests, stop_guests
+from deploys.ops import mark_pending, write_command, write_file
 from deploys.ops import step as _step
-from deploys.reboot import _read
+from deploys.reboot import read_fact, wait_for_boot
 from gpuhost.audit.gate import run_gate
 from gpuhost.observe.files import BootId
-from gpuhost.observe.kernel import KernelBuildInfo
 from gpuhost.plan.guests.power import GuestPower
-from gpuhost.plan.make import STATE_DIR, FollowUp, Plan
+from gpuhost.plan.make import Plan
+from gpuhost.plan.model import FollowUp
 from gpuhost.plan.trial.params import TRIAL_MARK, settle_commands
 from gpuhost.plan.trial.state import RECORD, Step, TrialRecord, failed_message
 from gpuhost.spec.inventory import SOURCE_KEY, SPEC_KEY
@@ -151,25 +150,9 @@ def _drop_panic_parameters(host, plan: Plan) -> None:
     _must(host, "setting the panic settings back", settle_commands(plan.panic_sysctls))
 
 
-def _wait_for_boot(host, before: str, delay: int, timeout: int) -> str:
-    """The kernel release of the boot after ``before`` (a boot id), once the host is back."""
-    time.sleep(delay)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        host.disconnect()
-        host.connect(show_errors=False)
-        if host.connected:
-            now = _read(host, BootId())
-            kernel = _read(host, KernelBuildInfo())
-            if now not in (None, before) and kernel:
-                return kernel.release
-        time.sleep(1)
-    raise OperationError(f"the host did not come back with a new boot within {timeout} s")
-
-
 def _reboot(host) -> str:
     """Reboot detached (the SSH channel closes before the host goes down); the old boot id."""
-    before = _read(host, BootId())
+    before = read_fact(host, BootId())
     if before is None:
         raise OperationError("cannot read the boot id before the reboot")
     host.run_shell_command(
@@ -226,7 +209,7 @@ def _gate_and_commit(
     logger.warning(f"{host.print_prefix}trial of {trial.what} failed its checks; going back")
     _must(host, "clearing the one-shot before going back", trial.abandon)
     before = _reboot(host)
-    release = _wait_for_boot(host, before, delay, timeout)
+    release = wait_for_boot(host, before, delay, timeout).kernel
     if release == trial.kernel and not trial.same_kernel:
         raise OperationError(
             f"the trial of {trial.kernel} failed its checks and a reboot started it again: the "
@@ -272,10 +255,7 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
     yield _all(trial.prepare)
     # The record before the one-shot: the deadline timer (files/gpuhost-trial-deadline) reads
     # it, so the one-shot is never set without its safety net.
-    yield (
-        f"mkdir -p {shlex.quote(STATE_DIR)} && printf %s {shlex.quote(record.render())} "
-        f"> {shlex.quote(RECORD)}"
-    )
+    yield write_file(RECORD, record.render())
     if guests is not None:
         yield from stop_guests._inner(power=guests)
     yield _all(trial.oneshot)
@@ -283,7 +263,7 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
     def reboot_into_trial(state, host) -> bool:
         logger.info(f"{host.print_prefix}rebooting into {trial.what} once ({trial.method})")
         before = _reboot(host)
-        release = _wait_for_boot(host, before, delay, timeout)
+        release = wait_for_boot(host, before, delay, timeout).kernel
         _, cmdline = _run(host, "cat /proc/cmdline")
         came_back = trial.same_kernel and TRIAL_MARK not in cmdline.split()
         if release != trial.kernel or came_back:
@@ -300,7 +280,8 @@ def run_trial(plan: Plan, delay: int = 10, timeout: int = 900, guests: GuestPowe
 
 @deploy("Trial boot")
 def trial(plan: Plan) -> None:
-    guests = guest_power(plan, rebooting=plan.trial_step is Step.START)
+    guests = plan.guest_power
+    assert guests is not None  # a deploy's facts carry the guests' statuses
     # One host at a time across a fleet, and none after a failed one: deploys/rollout.py runs
     # each host's whole deploy in a turn of its own (kernel.trial.parallel shares the first).
     trial_boot = plan.trial_boot

@@ -34,9 +34,10 @@ from facts.driver_install import DriverUserspace
 from gpuhost.build.debinfo import DebError, control_fields
 from gpuhost.observe.driver_install import PERSISTENCED, PERSISTENCED_USER
 from gpuhost.observe.nvidia_driver import FABRICMANAGER_QUERY, NvidiaUserspace
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.driver.userspace import FABRICMANAGER_UNIT, INSTALLER_DIR, INSTALLER_FLAGS
 from gpuhost.plan.driver.userspace import DriverUserspace as WantedUserspace
-from gpuhost.plan.make import STATE_DIR, Plan
+from gpuhost.plan.make import Plan
 
 PENDING = f"{STATE_DIR}/pending-userspace"
 FABRICMANAGER_PACKAGE = re.compile(r"nvidia-fabricmanager(-[0-9]+)?")

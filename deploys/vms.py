@@ -23,7 +23,6 @@ from gpuhost.observe.proxmox import MAPPINGS_FILE, parse_pci_mappings
 from gpuhost.plan.guests.mappings import refresh_command
 from gpuhost.plan.guests.vms import MAPPING_PREFIX, PciMapping, VmGpus
 from gpuhost.plan.make import Plan
-from gpuhost.plan.trial.state import Step
 from gpuhost.pve import api as pveapi
 from gpuhost.pve.backup import backup_command
 from gpuhost.spec.inventory import SPEC_KEY
@@ -114,8 +113,7 @@ def refresh_mappings(plan: Plan):
 
     + plan: the host's Plan; nothing to do when the run does not reboot
     """
-    rebooting = bool(plan.reboot_now) or plan.trial_step in (Step.START, Step.GATE)
-    commands = refresh_commands(plan) if rebooting else []
+    commands = refresh_commands(plan) if plan.rebooting else []
     if not commands:
         host.noop("no reboot in this run: the PCI mappings' IOMMU groups are the running kernel's")
         return

@@ -9,7 +9,8 @@ from gpuhost.audit.model import Finding
 from gpuhost.audit.observe import GuestView, HostView
 from gpuhost.plan.driver.userspace import INSTALLER_FLAGS, installer_name
 from gpuhost.plan.guests.devices import node_major, node_minor
-from gpuhost.plan.make import ManagedFile, Plan
+from gpuhost.plan.make import Plan
+from gpuhost.plan.model import ManagedFile
 from gpuhost.spec.host import HostSpec
 
 REDEPLOY = "re-run the deploy (pyinfra INVENTORY deploys/gpu_host.py)"

@@ -15,13 +15,9 @@ from gpuhost.audit.context import (
 from gpuhost.audit.model import Finding, NotApplicable, check
 from gpuhost.audit.observe import GuestView
 from gpuhost.observe.proxmox import MAPPINGS_FILE, GuestConfig, parse_pci_mappings
+from gpuhost.plan.guests.containers import ALLOW_KEY, current_dev_paths, parse_rule
 from gpuhost.spec.grammar import Q35_FIX, machine_is_q35
 from gpuhost.spec.guests import LxcGuest, VmGuest
-
-_ALLOW = re.compile(r"lxc\.cgroup2?\.devices\.allow")
-_RULE = re.compile(
-    r"(?P<type>[abc])(?:\s+(?P<major>\d+|\*):(?P<minor>\d+|\*))?(?:\s+(?P<access>[rwm]+))?"
-)
 
 
 def _bdfs(ctx: AuditContext, guest: LxcGuest | VmGuest) -> list[str]:
@@ -77,15 +73,6 @@ def _view(ctx: AuditContext, guest: LxcGuest) -> GuestView:
 # --- container config ----------------------------------------------------------------------------
 
 
-def _dev_entries(config: GuestConfig) -> list[str]:
-    paths = []
-    for key, value in config.current.options.items():
-        if re.fullmatch(r"dev\d+", key):
-            first = value.split(",", 1)[0]
-            paths.append(first.removeprefix("path="))
-    return paths
-
-
 @check("ct.device_rules", "Container device entries match the live majors, nothing broader", "lxc")
 @_guarded
 def ct_device_rules(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
@@ -109,18 +96,18 @@ def ct_device_rules(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
     rules = [
         v.strip()
         for k, v in raw
-        if _ALLOW.fullmatch(k) and (v1_live or k != "lxc.cgroup.devices.allow")
+        if ALLOW_KEY.fullmatch(k) and (v1_live or k != "lxc.cgroup.devices.allow")
     ]
     mounts = [v.split()[0] for k, v in raw if k == "lxc.mount.entry" and v.split()]
-    devs = _dev_entries(config)
+    devs = current_dev_paths(config)
     live = set(ctx.host.facts.char_devices.values())
     nvidia = ctx.live_major("/dev/nvidia0")
     gpu_nodes = {
         n for n in planned if expected_minor(n) is not None and n[len("/dev/nvidia") :].isdigit()
     }
     for rule in rules:
-        m = _RULE.fullmatch(rule)
-        if m is None or m["type"] == "a" or m["major"] in (None, "*"):
+        m = parse_rule(rule)
+        if m is None or m.type == "a" or m.major is None:
             findings.append(
                 Finding(
                     f"{conf}: allow {rule}",
@@ -130,8 +117,8 @@ def ct_device_rules(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
                 )
             )
         elif (
-            int(m["major"]) == nvidia
-            and m["minor"] == "*"
+            m.major == nvidia
+            and m.minor == "*"
             and len(gpu_nodes) < len([a for a in ctx.plan.gpus if a.driver_planned == "nvidia"])
         ):
             findings.append(
@@ -142,21 +129,19 @@ def ct_device_rules(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
                     "grant c 195:<minor> per assigned GPU (and 195:255 for nvidiactl)",
                 )
             )
-        elif m["type"] == "c" and int(m["major"]) not in live:
+        elif m.type == "c" and m.major not in live:
             findings.append(
                 Finding(
                     f"{conf}: allow {rule}",
                     "the live majors of /proc/devices",
-                    f"major {m['major']}, which no device has now: a stale (dynamic) nvidia-uvm/caps major",
+                    f"major {m.major}, which no device has now: a stale (dynamic) nvidia-uvm/caps major",
                     f"the uvm major moved (now {ctx.live_major('/dev/nvidia-uvm')}): {REDEPLOY}, "
                     f"then restart {guest.name} (pct reboot {guest.ctid}); devN entries do not go stale",
                 )
             )
-    minors_allowed: list[tuple[int, str]] = []
-    for rule in rules:
-        m = _RULE.fullmatch(rule)
-        if m and m["major"] not in (None, "*"):
-            minors_allowed.append((int(m["major"]), m["minor"] or "*"))
+    minors_allowed = [
+        (m.major, m.minor) for m in map(parse_rule, rules) if m and m.major is not None
+    ]
     for path in planned:
         major, minor = ctx.live_major(path), expected_minor(path)
         if path in devs:
@@ -256,31 +241,6 @@ def ct_userspace(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
     return []
 
 
-def cuda_findings(where: str, view: Any, bdfs: list[str], fix_hint: str) -> list[Finding]:
-    cuda = view.cuda if view is not None else None
-    if cuda is None:
-        raise NotApplicable(f"python3 is missing on {where}: the CUDA check needs it")
-    if cuda.init is None:
-        return [
-            Finding(f"CUDA on {where}", "libcuda.so.1 loads", cuda.error or "it does not", fix_hint)
-        ]
-    if cuda.init != "CUDA_SUCCESS":
-        return [Finding(f"cuInit on {where}", "CUDA_SUCCESS", cuda.init, fix_hint)]
-    findings = []
-    if sorted(cuda.devices) != sorted(bdfs):
-        findings.append(
-            Finding(
-                f"CUDA devices on {where}",
-                ", ".join(sorted(bdfs)) or "none",
-                ", ".join(sorted(cuda.devices)) or "none",
-                fix_hint,
-            )
-        )
-    if cuda.error:
-        findings.append(Finding(f"CUDA on {where}", "no error", cuda.error, fix_hint))
-    return findings
-
-
 _CUDA_FIX = {
     "CUDA_ERROR_UNKNOWN": "/dev/nvidia-uvm is not usable: a stale uvm major (ct.device_rules) or "
     "uvm_disable_hmm not Y (modules.parameters)",
@@ -301,7 +261,7 @@ def ct_cuda(ctx: AuditContext, guest: LxcGuest) -> list[Finding]:
         hint += container_userspace_fix(ctx, guest.ctid, guest.name)
     else:
         hint = _CUDA_FIX.get(init, f"{REDEPLOY}, then restart {guest.name}")
-    return cuda_findings(guest.name, view, bdfs, hint)
+    return p2p_checks.cuda_findings(guest.name, view, bdfs, hint)
 
 
 @check("ct.p2p", "Peer copies between the container's GPUs come back intact", "lxc")

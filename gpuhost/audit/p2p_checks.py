@@ -218,10 +218,33 @@ def _host_gpus(ctx: AuditContext) -> list[str]:
     return [a.bdf for a in ctx.plan.gpus if a.driver_planned == "nvidia"]
 
 
+def cuda_findings(where: str, view: Any, bdfs: list[str], fix_hint: str) -> list[Finding]:
+    cuda = view.cuda if view is not None else None
+    if cuda is None:
+        raise NotApplicable(f"python3 is missing on {where}: the CUDA check needs it")
+    if cuda.init is None:
+        return [
+            Finding(f"CUDA on {where}", "libcuda.so.1 loads", cuda.error or "it does not", fix_hint)
+        ]
+    if cuda.init != "CUDA_SUCCESS":
+        return [Finding(f"cuInit on {where}", "CUDA_SUCCESS", cuda.init, fix_hint)]
+    findings = []
+    if sorted(cuda.devices) != sorted(bdfs):
+        findings.append(
+            Finding(
+                f"CUDA devices on {where}",
+                ", ".join(sorted(bdfs)) or "none",
+                ", ".join(sorted(cuda.devices)) or "none",
+                fix_hint,
+            )
+        )
+    if cuda.error:
+        findings.append(Finding(f"CUDA on {where}", "no error", cuda.error, fix_hint))
+    return findings
+
+
 @check("cuda.host", "CUDA initialises on the host and sees every GPU left on nvidia")
 def cuda_host(ctx: AuditContext) -> list[Finding]:
-    from gpuhost.audit.guest_checks import cuda_findings
-
     bdfs = _host_gpus(ctx)
     if not bdfs:
         raise NotApplicable("no GPU stays on the nvidia driver")

@@ -19,7 +19,8 @@ from gpuhost.audit.context import AuditContext
 from gpuhost.audit.model import CHECKS, Check, Finding, NotApplicable, Outcome
 from gpuhost.audit.observe import GuestView, Runner, in_container, observe_guest, observe_host
 from gpuhost.observe.cuda import DEFAULT_SIZES
-from gpuhost.plan.make import PlanError, make_plan
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.model import PlanError
 from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.host import HostSpec
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from gpuhost.audit.context import AuditContext
 from gpuhost.audit.model import Finding, NotApplicable, check
 from gpuhost.guestsw.control import control_for
-from gpuhost.guestsw.plan import PROFILE, GuestPlan, GuestPlanError, make_guest_plan
+from gpuhost.guestsw.model import PROFILE, GuestPlan, GuestPlanError
+from gpuhost.guestsw.plan import make_guest_plan
 from gpuhost.plan.guests.split import owner_of_guest
 from gpuhost.spec.guests import LxcGuest
 

@@ -21,7 +21,7 @@ from pyinfra.api.exceptions import PyinfraError
 from gpuhost.build import host as buildhost
 from gpuhost.build.artifacts import ArtifactStore
 from gpuhost.build.kernel import KernelRecipe, local_jobs, plain_pve_note, source_tree
-from gpuhost.build.kernels import build
+from gpuhost.build.kernelbuild import build
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import load_hosts
 

@@ -334,11 +334,9 @@ def building(store: ArtifactStore, digest: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def build_upstream(
-    recipe: KernelRecipe, store: ArtifactStore, work: Path, jobs: int
-) -> BuildResult:
-    """Build a kernel tree's .debs with its own ``make bindeb-pkg`` into ``store`` once; later
-    calls return them without building."""
+def build_plain(recipe: KernelRecipe, store: ArtifactStore, work: Path, jobs: int) -> BuildResult:
+    """Build a plain kernel tree's .debs (make bindeb-pkg) into ``store`` once; later calls
+    return them without building."""
     tree_version(recipe.tree)  # a kernel tree at all: say so before hashing or making anything
     if recipe.base_config not in BASE_TARGETS and not Path(recipe.base_config).is_file():
         raise KernelBuildError(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpuhost.build.artifacts import ArtifactError, ArtifactStore
 from gpuhost.build.kernel import KernelBuildError, KernelRecipe, local_jobs, source_tree
-from gpuhost.build.kernels import build
+from gpuhost.build.kernelbuild import build
 
 # What the control machine uploads beside this module (the package needs no more to build).
 MODULES = (
@@ -33,7 +33,7 @@ MODULES = (
     "build/__init__.py",
     "build/artifacts.py",
     "build/kernel.py",
-    "build/kernels.py",
+    "build/kernelbuild.py",
     "build/pvekernel.py",
     "build/features.py",
     "build/debinfo.py",

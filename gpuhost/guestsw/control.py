@@ -10,7 +10,7 @@ import platform
 from pathlib import Path
 
 from gpuhost.guestsw.indexconf import control_indexes
-from gpuhost.guestsw.plan import Control
+from gpuhost.guestsw.model import Control
 from gpuhost.spec.guests import LxcGuest
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuhost.guestsw.plan import GuestPlan
+from gpuhost.guestsw.model import GuestPlan
 
 
 def render_guest_plan(plan: GuestPlan) -> str:

@@ -9,29 +9,8 @@ from dataclasses import dataclass, field
 
 from gpuhost.observe.parse import UnparsedOutput
 from gpuhost.observe.probe import Probe
+from gpuhost.paths import MANAGED_PATHS
 
-# Every file a deploy writes, edits or records. Owned files are named gpuhost-* or live in
-# gpuhost's directories; shared files (/etc/kernel/cmdline, /etc/default/grub and its drop-ins,
-# read to know the user's own kernel parameters) are never rewritten wholesale.
-MANAGED_PATHS = (
-    "/etc/kernel/cmdline",
-    "/etc/default/grub",
-    "/etc/default/grub.d/*.cfg",
-    "/etc/gpuhost/*",
-    "/etc/modprobe.d/gpuhost-*.conf",
-    "/etc/modules-load.d/gpuhost-*.conf",
-    "/etc/initramfs-tools/hooks/gpuhost-*",
-    "/etc/systemd/system/gpuhost-*",
-    "/etc/systemd/system/*.wants/gpuhost-*",
-    "/etc/systemd/system/*.d/gpuhost-*.conf",
-    "/usr/local/lib/gpuhost/*",
-    "/var/lib/gpuhost/*",
-    # Proxmox's, read only: the node name (/etc/pve/local links to nodes/<node>), the cluster
-    # CA the API is verified against, and the PCI mappings gpuhost creates through the API.
-    "/etc/pve/local",
-    "/etc/pve/pve-root-ca.pem",
-    "/etc/pve/mapping/pci.cfg",
-)
 _LINE = re.compile(r"(?P<kind>[FL]) (?P<path>/\S+) (?P<value>\S*)")
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from gpuhost.observe.files import ManagedFiles, parse_managed_files
 from gpuhost.observe.nvidia_driver import DriverVersion, parse_driver_version
 from gpuhost.observe.parse import UnparsedOutput
+from gpuhost.paths import STATE_DIR
 
 # apt's verifiers (APT_VERIFIER below): sqv is apt's method on Debian 13 (apt
 # 2.9.19 "Replace GnuPG with Sequoia", NEWS.Debian); "sqv-policy": an operator's policy file
@@ -50,7 +51,7 @@ def parse_os_release(lines: list[str]) -> GuestOs | None:
 UV_PATH = "/usr/local/bin/uv"
 STAMP = ".gpuhost-stamp"  # in a venv: the install it holds (guestplan.venv_stamp)
 HOOK = "gpuhost-env.sh"  # in a venv: sourced by bin/activate
-SERVICE_STAMPS = "/var/lib/gpuhost"  # service-<name>.stamp: the state it was (re)started with
+SERVICE_STAMPS = STATE_DIR  # service-<name>.stamp: the state it was (re)started with
 _DIST = re.compile(r"(?P<name>\S+) (?P<version>\S+)")
 
 

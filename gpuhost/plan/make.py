@@ -2,126 +2,44 @@
 
 The Plan is the one description of the desired state: which GPU goes to whom and which driver
 binds it, every managed file's path and content (or absence), the kernel command line, module
-options, the follow-up steps those files need, expected P2P, and every reason to reboot. Deploys
-apply it, `gpuhost plan` and `--dry` render it, the audit checks it. Splits that cannot work are
+options, the follow-up steps those files need, expected P2P, every reason to reboot, whether
+this run reboots and which guests stop and start around it. Deploys apply it, `gpuhost plan` and `--dry` render it, the audit checks it. Splits that cannot work are
 refused with every problem named.
 
 Reasons to reboot are read from what the host shows (the running command line, live module
 parameters), never from what a run changed: a run killed anywhere converges on the next.
+
+make_plan chains the phases of gpuhost/plan/phases.py; the Plan's parts are gpuhost/plan/model.py's.
 """
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 
-from gpuhost.observe.gpus import model_name, needs_open_modules
 from gpuhost.observe.hostfacts import HostFacts
-from gpuhost.plan.boot.cmdline import KERNEL_CMDLINE
-from gpuhost.plan.boot.files import after_commit, boot_config, loader_files
-from gpuhost.plan.driver import modconf
+from gpuhost.plan import hostfiles, phases
 from gpuhost.plan.driver.modules import DriverModules, plan_driver_modules
-from gpuhost.plan.driver.userspace import (
-    PERSISTENCED_UNIT,
-    PERSISTENCED_WANTS,
-    DriverUserspace,
-    persistenced_unit,
-    plan_driver_userspace,
-)
-from gpuhost.plan.guests.containers import ContainerDevices, plan_containers
-from gpuhost.plan.guests.devices import guest_devices
-from gpuhost.plan.guests.mappings import UNIT as MAPPINGS_UNIT
-from gpuhost.plan.guests.mappings import boot_mappings, refresh_files
-from gpuhost.plan.guests.split import (
-    HOST,
-    Owner,
-    assign,
-    check_fabric,
-    check_iommu_groups,
-    check_vms,
-    owner_of_guest,
-    slot,
-)
-from gpuhost.plan.guests.vfio import CLAIM_UNIT as VFIO_CLAIM_UNIT
-from gpuhost.plan.guests.vfio import INITRAMFS_FILES as VFIO_INITRAMFS_FILES
-from gpuhost.plan.guests.vfio import VfioBinding, plan_vfio, vfio_files
-from gpuhost.plan.guests.vms import VmSplit, plan_vm_gpus
-from gpuhost.plan.p2p import plan_p2p
-from gpuhost.plan.preconditions import ControlFacts, Precondition, api_writes, plan_preconditions
-from gpuhost.plan.reasons import (
+from gpuhost.plan.driver.userspace import DriverUserspace, plan_driver_userspace
+from gpuhost.plan.guests.containers import ContainerDevices
+from gpuhost.plan.guests.power import GuestPower
+from gpuhost.plan.guests.vfio import VfioBinding
+from gpuhost.plan.guests.vms import VmSplit
+from gpuhost.plan.model import (
     REBOOT_NOW,
+    FollowUp,
+    GpuAssignment,
+    ManagedFile,
+    Owner,
+    PlanError,
     Reason,
-    next_boot_kernel,
-    pin_running_kernel,
-    reboot_reasons,
 )
-from gpuhost.plan.trial.boot import TrialBoot, trial_entry_method
-from gpuhost.plan.trial.grub import grub_trial_options
-from gpuhost.plan.trial.params import panic_sysctls, trial_cmdline_names
+from gpuhost.plan.preconditions import ControlFacts, Precondition, api_writes, plan_preconditions
+from gpuhost.plan.trial.boot import TrialBoot
 from gpuhost.plan.trial.state import Step
-from gpuhost.plan.trial.step import plan_trial
 from gpuhost.plan.upgrade import ReleaseChange, plan_release_change
 from gpuhost.spec.host import HardwareSpec, HostSpec
 
-__all__ = ["HOST", "Owner", "Plan", "PlanError", "make_plan"]
-
-STATE_DIR = "/var/lib/gpuhost"  # gpuhost's own records on the host (pending steps, last reboot)
-
-
-class PlanError(ValueError):
-    """The spec cannot be applied to this host; every problem is listed."""
-
-    def __init__(self, host: str, problems: list[str], source: str | None = None) -> None:
-        self.host, self.problems, self.source = host, problems, source
-        where = f"{source}: " if source else ""
-        lines = [f"{where}host {host!r}: the plan is refused ({len(problems)} problem(s))"]
-        lines += [f"  - {p}" for p in problems]
-        super().__init__("\n".join(lines))
-
-
-@dataclass(frozen=True)
-class GpuAssignment:
-    index: int  # PCI bus order = nvidia-smi index while every GPU is on the nvidia driver
-    bdf: str
-    model: str
-    numa_node: int | None
-    iommu_group: int | None
-    driver_now: str | None
-    driver_planned: str  # "nvidia" | "vfio-pci"
-    owner: Owner
-    functions: tuple[str, ...] = ()  # other functions of the board (audio...) that go with it
-
-
-@dataclass(frozen=True)
-class ManagedFile:
-    """A file the host must hold exactly (or not hold: ``content`` None), or a symlink."""
-
-    path: str
-    content: str | None
-    concern: str  # "cmdline" | "modules" | "devices" | "trial" | "userspace" | "mappings" ...
-    mode: str = "644"
-    link: str | None = None  # a symlink to this target instead of content
-
-    @property
-    def present(self) -> bool:
-        return self.content is not None or self.link is not None
-
-
-@dataclass(frozen=True)
-class FollowUp:
-    """A step that must run after some managed files change, until it has succeeded once.
-
-    A run records it as pending on the host (``marker``) before it writes any trigger file and
-    clears it when the step succeeds, so a run killed in between still runs it next time.
-    """
-
-    name: str
-    command: str
-    triggers: tuple[str, ...]  # managed file paths
-
-    @property
-    def marker(self) -> str:
-        return f"{STATE_DIR}/pending-{self.name}"
+__all__ = ["Plan", "make_plan"]
 
 
 @dataclass
@@ -147,6 +65,8 @@ class Plan:
     next_boot_kernel: str | None  # what a reboot would start now (None: unknown)
     pin_running_kernel: bool = False  # pin it before rebooting: something else would boot
     reboot_reasons: list[Reason] = field(default_factory=list)
+    # This run boots the host: for a reason of its own (reboot_now) or a step of a trial boot.
+    rebooting: bool = False
     notes: list[str] = field(default_factory=list)
     # Device nodes each GPU container needs (ctid -> host paths), and the PCI functions each VM
     # must be given whole (vmid -> BDFs: its GPUs' boards and the rest of their IOMMU groups).
@@ -173,6 +93,11 @@ class Plan:
     # Each container's GPU entries (devN or raw lines) and what changes (gpuhost/plan/guests/containers.py).
     containers: dict[int, ContainerDevices] = field(default_factory=dict)
     vfio: VfioBinding | None = None  # the VMs' functions bound to vfio-pci at boot (vfioplan.py)
+    # Which guests stop and start, in which order (gpuhost/plan/phases.py plan_power): around
+    # this run's reboot or trial boot, and, without one, around moving GPUs between guests.
+    # None: the facts lack the guests' statuses (a plan to read, not to deploy).
+    guest_power: GuestPower | None = None
+    moving_guests: GuestPower | None = None
     # What the run needs from the control machine, checked before its first change.
     preconditions: list[Precondition] = field(default_factory=list)
     # A host upgraded to a new Proxmox VE release: its kernels on each side (upgradeplan.py).
@@ -217,13 +142,6 @@ class Plan:
         return next(g.owner for g in self.gpus if g.bdf == bdf)
 
 
-def _files(plan_parts: dict[str, tuple[str | None, str]]) -> dict[str, ManagedFile]:
-    return {
-        path: ManagedFile(path=path, content=content, concern=concern)
-        for path, (content, concern) in plan_parts.items()
-    }
-
-
 def make_plan(
     host: str,
     spec: HostSpec,
@@ -235,274 +153,69 @@ def make_plan(
     preconditions are listed as not checked"""
     problems: list[str] = []
     notes: list[str] = []
-    gpus = sorted((d for d in facts.pci.values() if d.is_gpu), key=lambda d: d.bdf)
-    wanted = sum(len(g.gpus) for g in spec.guests if g.gpus != "rest")
-    if wanted > len(gpus):
-        problems.append(f"the guests ask for {wanted} GPUs but this host has {len(gpus)}")
-    owners = assign(spec, gpus, problems)
-    check_fabric(facts, owners, gpus, problems)
-    notes += check_iommu_groups(spec, facts, owners, gpus, problems)
-    notes += check_vms(spec, facts, owners, problems)
-    if not spec.driver.open:
-        blackwell = [g.bdf for g in gpus if needs_open_modules(g.device)]
-        if blackwell:
-            problems.append(
-                f"driver.open is false but {', '.join(blackwell)} are Blackwell GPUs, which only "
-                "the open kernel modules support; set driver.open: true"
-            )
-    kernel = facts.kernel
-    if kernel.release == spec.kernel.version and kernel.gcc_version not in (
-        None,
-        spec.toolchain.gcc,
-    ):
-        problems.append(
-            f"the running kernel {kernel.release} was built by gcc {kernel.gcc_version} but "
-            f"toolchain.gcc is {spec.toolchain.gcc}; modules built by another compiler must not be "
-            "loaded into it (rebuild the kernel with the toolchain, or set toolchain.gcc)"
-        )
+    assignments = phases.split_gpus(spec, facts, problems, notes)
+    phases.check_toolchain(spec, facts, problems)
     release_change = plan_release_change(spec, facts, problems, notes)
-    loader = facts.boot_tool.loader if facts.boot_tool else "grub"
-    # Every boot path gpuhost trials (systemd-boot, GRUB) tries every boot gpuhost causes through
-    # a trial entry of its own, planned once the reasons to boot are known (below); elsewhere a
-    # new kernel's trial is refused (and would carry its panic parameters on the managed line).
-    entry_trials = trial_entry_method(facts.boot_path, facts.boot_tool)
-    trial: TrialBoot | None = None
-    step, trial_params = Step.CONVERGED, ()
-    if not entry_trials:
-        trial, step, trial_params = plan_trial(spec, facts, problems)
-    boot, passthrough = boot_config(
-        spec, facts, loader, problems, notes, trial_params, frozenset(trial_cmdline_names())
-    )
-    after_trial = {
-        path: ManagedFile(path, content, "cmdline")
-        for path, content in after_commit(spec, facts, loader, boot, trial_params).items()
-    }
-
-    names = {g.bdf: g.name for g in facts.gpus.gpus}
-    all_functions = sorted(facts.pci)
-    assignments = []
-    for index, gpu in enumerate(gpus):
-        owner = owners.get(gpu.bdf, HOST)
-        assignments.append(
-            GpuAssignment(
-                index=index,
-                bdf=gpu.bdf,
-                model=names.get(gpu.bdf) or model_name(gpu.device),
-                numa_node=gpu.numa_node,
-                iommu_group=gpu.iommu_group,
-                driver_now=gpu.driver,
-                driver_planned="vfio-pci" if owner.kind == "vm" else "nvidia",
-                owner=owner,
-                functions=tuple(
-                    b for b in all_functions if slot(b) == slot(gpu.bdf) and b != gpu.bdf
-                ),
-            )
-        )
-    visible = [g.bdf for g in facts.gpus.gpus]
-    if visible and visible != [a.bdf for a in assignments if a.bdf in visible]:
-        notes.append("nvidia-smi orders GPUs differently from PCI bus order; refer to GPUs by BDF")
-
-    # nvidia_uvm is not autoloaded: without it at boot /dev/nvidia-uvm is missing when
-    # containers start, and its options (uvm_disable_hmm) never apply.
-    modules_load: dict[str, list[str]] = {}
-    on_host = any(a.driver_planned == "nvidia" for a in assignments)
-    if on_host:
-        modules_load["nvidia"] = ["nvidia", "nvidia_uvm"]
-    if any(a.owner.kind == "vm" for a in assignments):
-        modules_load["vfio"] = list(spec.modules.vfio_modules)
-    module_options: dict[str, dict[str, str]] = {}
-    expected_parameters: dict[str, dict[str, str]] = {}
-    if spec.modules.uvm_disable_hmm:
-        module_options["nvidia_uvm"] = {"uvm_disable_hmm": "1"}
-        expected_parameters["nvidia_uvm"] = {"uvm_disable_hmm": "Y"}
-    blacklist = ["nouveau"] if spec.modules.blacklist_nouveau else []
-    topo = facts.topology
-    p2p_plan = plan_p2p(
-        gpus=[(a.bdf, a.owner, a.driver_planned == "nvidia") for a in assignments],
-        smi_names={g.bdf: f"GPU{g.index}" for g in facts.gpus.gpus},
-        read=facts.p2p.get("r"),
-        write=facts.p2p.get("w"),
-        links=topo.links if topo else None,
-        expected=spec.p2p.expected,
-        unsafe_iommu=spec.p2p.unsafe_iommu,
-        snp_host=facts.sev.snp_host,
-        identity_domains=passthrough,
-        host=HOST,
-    )
-    p2p = dict(p2p_plan.pairs)
-    notes += p2p_plan.notes
-    guest_env = {owner_of_guest(g): dict(g.env) for g in spec.guests}
-    for owner, env in p2p_plan.env.items():
-        for name, value in env.items():
-            guest_env.setdefault(owner, {}).setdefault(name, value)
-
-    files = _files(
-        {
-            **{path: (content, "cmdline") for path, content in boot.files.items()},
-            modconf.NVIDIA_OPTIONS: (modconf.options_file(module_options), "modules"),
-            modconf.BLACKLIST: (modconf.blacklist_file(blacklist), "modules"),
-            modconf.NVIDIA_LOAD: (
-                modconf.load_file("nvidia at boot", modules_load.get("nvidia")),
-                "modules",
-            ),
-            modconf.VFIO_LOAD: (
-                modconf.load_file("vfio at boot", modules_load.get("vfio")),
-                "modules",
-            ),
-        }
-    )
-    # The boot unit that makes the device nodes the containers bind-mount (the driver makes none).
-    files[modconf.DEVICES_SCRIPT] = ManagedFile(
-        modconf.DEVICES_SCRIPT,
-        modconf.static_file("nvidia-device-nodes") if on_host else None,
-        "devices",
-        mode="755",
-    )
-    files[modconf.DEVICES_UNIT] = ManagedFile(
-        modconf.DEVICES_UNIT,
-        modconf.static_file("gpuhost-nvidia-devices.service") if on_host else None,
-        "devices",
-    )
-    files[modconf.DEVICES_WANTS] = ManagedFile(
-        modconf.DEVICES_WANTS, None, "devices", link=modconf.DEVICES_UNIT if on_host else None
-    )
-
-    # The trial boot's deadline timer and the onboot guests' wait for the commit: installed on
-    # every host, idle without a trial record.
-    for path, shipped, mode in (
-        (modconf.TRIAL_SCRIPT, "gpuhost-trial-deadline", "755"),
-        (modconf.TRIAL_UNIT, "gpuhost-trial-deadline.service", "644"),
-        (modconf.TRIAL_TIMER, "gpuhost-trial-deadline.timer", "644"),
-        (modconf.TRIAL_HOLD_SCRIPT, "gpuhost-trial-hold", "755"),
-        (modconf.TRIAL_HOLD_DROPIN, "gpuhost-trial-hold.conf", "644"),
-    ):
-        files[path] = ManagedFile(path, modconf.static_file(shipped), "trial", mode=mode)
-    files[modconf.TRIAL_WANTS] = ManagedFile(
-        modconf.TRIAL_WANTS, None, "trial", link=modconf.TRIAL_TIMER
-    )
-    # The persistence daemon's boot unit, with the userspace that brings its binary.
+    boot = phases.plan_boot(spec, facts, problems, notes)
+    phases.note_gpu_order(facts, assignments, notes)
+    modules = phases.plan_modules(spec, assignments)
+    p2p, guest_env = phases.plan_guest_p2p(spec, facts, assignments, boot.passthrough, notes)
     userspace = plan_driver_userspace(spec, facts, problems)
-    unit = persistenced_unit(userspace)
-    files[PERSISTENCED_UNIT] = ManagedFile(PERSISTENCED_UNIT, unit, "userspace")
-    files[PERSISTENCED_WANTS] = ManagedFile(
-        PERSISTENCED_WANTS, None, "userspace", link=PERSISTENCED_UNIT if unit else None
-    )
-
-    tool = facts.boot_tool
-    refresh = "proxmox-boot-tool refresh" if tool is not None and tool.configured else "update-grub"
-    follow_ups = [
-        FollowUp("loader", refresh, tuple(boot.files)),
-        FollowUp(
-            "initramfs",
-            # the kernel that boots next only: never the fallback's (every other kernel's)
-            f"update-initramfs -u -k {shlex.quote(spec.kernel.version)}",
-            (*modconf.INITRAMFS_FILES, *VFIO_INITRAMFS_FILES),
-        ),
-        FollowUp(
-            "systemd",
-            "systemctl daemon-reload",
-            (
-                modconf.DEVICES_UNIT,
-                modconf.TRIAL_UNIT,
-                modconf.TRIAL_TIMER,
-                modconf.TRIAL_HOLD_DROPIN,
-                PERSISTENCED_UNIT,
-                VFIO_CLAIM_UNIT,
-                MAPPINGS_UNIT,
-            ),
-        ),
-    ]
-
-    running = facts.cmdline
-    add = [p for p in boot.present if p not in running]
-    remove = [p for p in boot.absent if p in running]
-    reasons = reboot_reasons(
-        spec, facts, add, remove, blacklist, modules_load, expected_parameters, assignments
-    )
-
-    expected = [p for p in running if p not in remove]
-    cut = expected.index("--") if "--" in expected else len(expected)
-    expected = expected[:cut] + add + expected[cut:]
-    trial_names = set(trial_cmdline_names())
-    panic = panic_sysctls(
-        [p for p in expected if p.split("=", 1)[0] not in trial_names or p in spec.boot.extra]
-    )
-    if entry_trials:
-        boot_due = any(r.concern in REBOOT_NOW for r in reasons)
-        if entry_trials == "systemd-boot":  # the entry's options: /etc/kernel/cmdline's line
-            options = (boot.files.get(KERNEL_CMDLINE) or "").split("\n", 1)[0]
-        else:  # GRUB: what 10_linux will render from the planned /etc/default/grub(.d)
-            options = grub_trial_options(running, {**loader_files(facts, loader), **boot.files})
-        trial, step, _ = plan_trial(spec, facts, problems, boot_due, options)
-        if trial is not None and trial.entry_options is not None:
-            after_trial = {p: ManagedFile(p, c, "cmdline") for p, c in boot.files.items()}
-
-    next_kernel = next_boot_kernel(facts)
-    pin = pin_running_kernel(facts, next_kernel, reasons, problems, notes)
+    on_host = any(a.driver_planned == "nvidia" for a in assignments)
+    files = hostfiles.host_files(boot.config, modules, on_host, userspace)
+    reboot = phases.decide_reboot(spec, facts, boot, modules, assignments, problems, notes)
     if problems:
         raise PlanError(host, problems, source)
-
-    rebooting = any(r.concern in REBOOT_NOW for r in reasons) or step is not Step.CONVERGED
-    lxc_nodes, vm_functions = guest_devices(assignments, facts, rebooting)
-    vm_split = plan_vm_gpus(
-        vm_functions,
-        {vm.vmid: vm.name for vm in spec.vm_guests},
-        {vm.vmid: vm.machine for vm in spec.vm_guests},
-        {slot(a.bdf): str(a.owner) for a in assignments if a.owner.kind != "host"},
-        facts,
-        problems,
-    )
+    guests = phases.plan_guest_devices(spec, facts, assignments, reboot.rebooting, problems, notes)
+    if guests is None:
+        raise PlanError(host, problems, source)
+    files.update(guests.files)
+    power = phases.plan_power(facts, reboot, boot.step, guests, problems)
     if problems:
         raise PlanError(host, problems, source)
-    # Each GPU container's entries (gpuhost/plan/guests/containers.py); raw rules wait for a run without reboot.
-    containers = plan_containers(spec, facts, lxc_nodes, rebooting, problems, notes)
-    if problems:
-        raise PlanError(host, problems, source)
-    vfio = plan_vfio(vm_functions, {bdf: d.class_code for bdf, d in facts.pci.items()})
-    for path, content, mode, link in vfio_files(vfio):
-        files[path] = ManagedFile(path, content, "vfio", mode=mode, link=link)
-    for path, content, mode, link in refresh_files(boot_mappings(vm_functions, facts)):
-        files[path] = ManagedFile(path, content, "mappings", mode=mode, link=link)
     driver_modules = plan_driver_modules(spec, facts)
     preconditions = plan_preconditions(
-        spec, facts, api_writes(vm_split, facts), driver_modules, userspace, control
+        spec, facts, api_writes(guests.vm_split, facts), driver_modules, userspace, control
     )
     return Plan(
         host=host,
         gpus=assignments,
-        loader=loader,
-        iommu_passthrough=passthrough,
-        cmdline_owned=boot.owned,
-        cmdline_present=boot.present,
-        cmdline_absent=boot.absent,
-        cmdline=expected,
-        running_cmdline=list(running),
+        loader=boot.loader,
+        iommu_passthrough=boot.passthrough,
+        cmdline_owned=boot.config.owned,
+        cmdline_present=boot.config.present,
+        cmdline_absent=boot.config.absent,
+        cmdline=reboot.cmdline,
+        running_cmdline=list(facts.cmdline),
         files=files,
-        follow_ups=follow_ups,
-        module_options=module_options,
-        blacklist=blacklist,
-        modules_load=modules_load,
-        expected_parameters=expected_parameters,
+        follow_ups=hostfiles.follow_ups(spec, facts, boot.config),
+        module_options=modules.options,
+        blacklist=modules.blacklist,
+        modules_load=modules.load,
+        expected_parameters=modules.expected_parameters,
         p2p=p2p,
         guest_env=guest_env,
-        running_kernel=kernel.release,
-        next_boot_kernel=next_kernel,
-        pin_running_kernel=pin,
-        reboot_reasons=reasons,
+        running_kernel=facts.kernel.release,
+        next_boot_kernel=reboot.next_kernel,
+        pin_running_kernel=reboot.pin,
+        reboot_reasons=reboot.reasons,
+        rebooting=reboot.rebooting,
         notes=notes,
-        lxc_nodes=lxc_nodes,
-        vm_functions=vm_functions,
-        vm_split=vm_split,
+        lxc_nodes=guests.lxc_nodes,
+        vm_functions=guests.vm_functions,
+        vm_split=guests.vm_split,
         hardware=spec.hardware,
-        trial_boot=trial,
-        trial_step=step,
-        trial_commit_files=after_trial,
-        panic_sysctls=panic,
+        trial_boot=boot.trial,
+        trial_step=boot.step,
+        trial_commit_files=boot.commit_files,
+        panic_sysctls=reboot.panic_sysctls,
         target_kernel=spec.kernel.version,
         driver_modules=driver_modules,
         driver_userspace=userspace,
-        containers=containers,
-        vfio=vfio,
+        containers=guests.containers,
+        vfio=guests.vfio,
+        guest_power=power.around_boot,
+        moving_guests=power.moving,
         preconditions=preconditions,
         release_change=release_change,
     )

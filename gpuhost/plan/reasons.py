@@ -8,31 +8,13 @@ reboots on the next one when the host needs it, and a converged host is never re
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.plan.model import REBOOT_NOW, GpuAssignment, Reason
 from gpuhost.spec.host import HostSpec
 
-if TYPE_CHECKING:
-    from gpuhost.plan.make import GpuAssignment
 
-# Concerns whose reboot this deploy makes; the others wait for the deploys that will own them.
-REBOOT_NOW = ("cmdline", "modules")
-
-
-@dataclass(frozen=True)
-class Reason:
-    """Why a reboot will be needed, tagged with the concern that resolves it."""
-
-    concern: str  # "cmdline" | "modules" | "kernel" | "driver" | "binding"
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def _version_key(release: str) -> tuple[int, ...]:
+def kernel_version_key(release: str) -> tuple[int, ...]:
     """Order kernel releases as proxmox-boot-tool does (version sort on the numbers)."""
     return tuple(int(n) for n in re.findall(r"\d+", release))
 
@@ -44,7 +26,7 @@ def next_boot_kernel(facts: HostFacts) -> str | None:
         return None
     if kernels.next_boot or kernels.pinned:
         return kernels.next_boot or kernels.pinned
-    return max(kernels.all, key=_version_key, default=None)
+    return max(kernels.all, key=kernel_version_key, default=None)
 
 
 def reboot_reasons(
@@ -70,10 +52,13 @@ def reboot_reasons(
     live_uvm = live.get("nvidia_uvm", {})
     if driver is not None and not live_uvm and "nvidia" in modules_load:
         reasons.append(Reason("modules", "nvidia_uvm is not loaded; it must load at boot"))
-    for name, value in expected_parameters.get("nvidia_uvm", {}).items():
-        if name in live_uvm and live_uvm[name] != value:
-            text = f"nvidia_uvm {name} is {live_uvm[name]}, must be {value} (module reload)"
-            reasons.append(Reason("modules", text))
+    # Every planned parameter, of any module: a loaded module keeps what it was loaded with.
+    for module, parameters in expected_parameters.items():
+        loaded = live.get(module, {})
+        for name, value in parameters.items():
+            if name in loaded and loaded[name] != value:
+                text = f"{module} {name} is {loaded[name]}, must be {value} (module reload)"
+                reasons.append(Reason("modules", text))
     if kernel.release != spec.kernel.version:
         text = f"kernel {spec.kernel.version} must boot (running {kernel.release})"
         reasons.append(Reason("kernel", text))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.plan.driver.toolchain import ToolchainError, choose_module_compiler, parse_compiler
-from gpuhost.plan.reasons import _version_key  # proxmox-boot-tool's order
+from gpuhost.plan.reasons import kernel_version_key  # proxmox-boot-tool's order
 from gpuhost.spec.host import HostSpec
 
 GUIDE = "docs/guides/upgrade-pve9.md"
@@ -42,7 +42,7 @@ class ReleaseChange:
 
     @property
     def newest(self) -> str | None:
-        return max(self.current, key=_version_key) if self.current else None
+        return max(self.current, key=kernel_version_key) if self.current else None
 
 
 def _version(text: str) -> str | None:
@@ -59,7 +59,7 @@ def release_change(facts: HostFacts) -> ReleaseChange | None:
         return None
     previous, current = {}, {}
     for kernel, sources in sorted(
-        facts.compilers.kernels.items(), key=lambda k: _version_key(k[0])
+        facts.compilers.kernels.items(), key=lambda k: kernel_version_key(k[0])
     ):
         if not {"boot", "proc"} & set(sources):
             continue  # headers without a kernel (a Debian linux-headers package alone)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import shlex
 
-BACKUP_DIR = "/var/lib/gpuhost/backups"
+from gpuhost.paths import STATE_DIR
+
+BACKUP_DIR = f"{STATE_DIR}/backups"
 KEEP = 10
 CONFIG_DIRS = {"lxc": "/etc/pve/lxc", "qemu": "/etc/pve/qemu-server"}
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
+from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import AfterValidator
 
-from gpuhost.redact import show
+from gpuhost.redact import mask_secrets, show
 from gpuhost.spec.grammar import APT_URL_RE, INDEX_URL_RE, PY_MODULE_RE, SERVICE_ARG_RE
 from gpuhost.spec.values import _bounded, _first_bad, _grammar
 
@@ -61,3 +62,34 @@ PyModule = Annotated[
         PY_MODULE_RE, "Python module name", "write e.g. 'torch' or 'flash_attn'", "A-Za-z0-9_.", 128
     ),
 ]
+
+
+def _requirement(value: str) -> str:
+    _bounded(value, "requirement", 1024)
+    if "\n" in value or "\r" in value or not value.isascii() or not value.isprintable():
+        raise ValueError(
+            f"{show(value)} is not one PEP 508 requirement{_first_bad(value, ' -~')}; give one "
+            "requirement per item, e.g. 'torch==2.9.1'"
+        )
+    try:
+        req = Requirement(value)
+    except InvalidRequirement as exc:
+        reason = mask_secrets(str(exc).splitlines()[0])[:120]
+        raise ValueError(
+            f"{show(value)} is not a PEP 508 requirement ({reason}); write e.g. 'torch==2.9.1' or "
+            "'vllm>=0.11'"
+        ) from None
+    if req.url and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@", req.url):
+        raise ValueError(
+            f"{show(value)} carries credentials in its URL; configure the index credentials on the "
+            "guest (uv's UV_INDEX_* or a netrc), not in the spec"
+        )
+    if any(c in value for c in "$`\\"):
+        raise ValueError(
+            f"{show(value)} contains shell syntax ($, backticks or backslashes); write a plain "
+            "requirement, e.g. 'torch==2.9.1'"
+        )
+    return value
+
+
+PipRequirement = Annotated[str, AfterValidator(_requirement)]

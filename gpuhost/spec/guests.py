@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from gpuhost.redact import show
-from gpuhost.spec.guest_values import AptUrl, IndexUrl, PyModule, ServiceArg
+from gpuhost.spec.guest_values import AptUrl, IndexUrl, PipRequirement, PyModule, ServiceArg
 from gpuhost.spec.values import (
     MAX_GPU_INDEX,
     MAX_ITEMS,
@@ -28,7 +28,6 @@ from gpuhost.spec.values import (
     GuestName,
     Hostname,
     MachineType,
-    PipRequirement,
     PythonVersion,
     Username,
     normalize_bdf,

@@ -25,6 +25,15 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from gpuhost.spec.artifacts import ArtifactsSpec
+from gpuhost.spec.build_values import (
+    BaseConfig,
+    ConfigName,
+    ConfigValue,
+    GitRef,
+    GitRepo,
+    LocalVersion,
+    PatchPath,
+)
 from gpuhost.spec.checks import NO_VALUE, cross_field_problems
 from gpuhost.spec.driver import DriverSource
 from gpuhost.spec.guests import Guest, LxcGuest, VmGuest
@@ -33,20 +42,13 @@ from gpuhost.spec.trial import TrialSpec
 from gpuhost.spec.values import (
     MAX_ITEMS,
     AcsOverride,
-    BaseConfig,
-    ConfigName,
-    ConfigValue,
     DriverVersion,
     GccVersion,
-    GitRef,
-    GitRepo,
     GpuModel,
     KernelParam,
     KernelRelease,
     LinkClass,
-    LocalVersion,
     ModuleName,
-    PatchPath,
 )
 
 

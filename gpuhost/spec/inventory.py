@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from pyinfra.api.exceptions import InventoryError
 
 from gpuhost.hostkeys import unknown_host_key
 from gpuhost.redact import show
 from gpuhost.spec.errors import describe
 from gpuhost.spec.host import HostSpec
+from gpuhost.spec.validate import InventoryFileError, SpecError, validate_spec
 
 __all__ = ["describe"]  # re-exported: callers read spec errors through the inventory
 
@@ -45,52 +45,12 @@ SOURCE_KEY = "gpuhost_source"  # host data key: the inventory file that declared
 GUEST_KEY = "gpuhost_guest"  # host data key of a guest host (gpuhost/pve/guests.py)
 CHECK_GROUP = "gpuhost_inventory_check"  # the (empty) group that checks a whole inventory file
 _REGISTRY = "__gpuhost_hosts__"  # name -> entry, in the inventory file's namespace
-MAX_PROBLEMS = 25
 # gpuhost's own host data (besides the spec): name -> (minimum, meaning)
 GPUHOST_DATA = {
     "gpuhost_reboot_delay": (0, "seconds before the first reconnect after a reboot"),
     "gpuhost_reboot_timeout": (1, "seconds the host may take to come back"),
 }
 HOST_NAME_RE = re.compile(r"@?[A-Za-z0-9_\[][A-Za-z0-9_.:/@+\[\]-]{0,252}")
-
-
-class SpecError(InventoryError, ValueError):
-    """One or more problems in a host's spec."""
-
-    def __init__(self, source: str, host: str, problems: list[str]) -> None:
-        self.source, self.host, self.problems = source, host, _capped(problems)
-        self.all_problems = problems
-        lines = [f"{source}: host {show(host)}: invalid gpuhost spec ({len(problems)} problem(s))"]
-        lines += [f"  - {p}" for p in self.problems]
-        super().__init__("\n".join(lines))
-
-
-class InventoryFileError(InventoryError, ValueError):
-    """A gpuhost inventory file that declares hosts wrongly (no spec, twice)."""
-
-    def __init__(self, source: str, problems: list[str]) -> None:
-        self.source, self.problems = source, _capped(problems)
-        lines = [f"{source}: invalid gpuhost inventory ({len(problems)} problem(s))"]
-        lines += [f"  - {p}" for p in self.problems]
-        super().__init__("\n".join(lines))
-
-
-def _capped(problems: list[str]) -> list[str]:
-    if len(problems) <= MAX_PROBLEMS:
-        return problems
-    return [*problems[:MAX_PROBLEMS], f"... and {len(problems) - MAX_PROBLEMS} more problem(s)"]
-
-
-def validate_spec(source: str, host: str, data: dict[str, Any]) -> HostSpec:
-    """Validate raw spec data; raise :class:`SpecError` naming every problem."""
-    if not isinstance(data, dict):
-        raise SpecError(
-            source, host, [f"spec = {show(data)}: the spec is a mapping of fields, in {{ }}"]
-        )
-    try:
-        return HostSpec.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError(source, host, describe(exc)) from None
 
 
 # --- gpu_host and the inventory-file check -----------------------------------------------------------

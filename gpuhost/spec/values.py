@@ -7,23 +7,19 @@ import ipaddress
 import re
 from typing import Annotated
 
-from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
     AfterValidator,
 )
 
-from gpuhost.redact import mask_secrets, show
+from gpuhost.redact import show
 from gpuhost.spec.grammar import (
     ABS_PATH_RE,
     ACS_MAX_IDS,
     ACS_TOKEN_RE,
-    BASE_CONFIG_TARGETS,
     BDF_RE,
     CMDLINE_NAME_RE,
     CMDLINE_RE,
     CMDLINE_VALUE_CHARS,
-    CONFIG_NAME_RE,
-    CONFIG_VALUE_RE,
     CUDA_MIN_DRIVER,
     CUDA_RE,
     DNS_NAME_RE,
@@ -32,24 +28,17 @@ from gpuhost.spec.grammar import (
     ENV_VALUE_CHARS,
     ENV_VALUE_RE,
     GCC_RE,
-    GIT_PATH_CHARS,
-    GIT_REF_RE,
     GPU_MODEL_RE,
     GUEST_NAME_RE,
     HOSTNAME_RE,
-    HTTPS_URL_RE,
     KERNEL_RE,
     LINK_RE,
-    LOCALVERSION_RE,
     MACHINE_RE,
     MANAGED_CMDLINE_KEYS,
     MAX_TEXT,
     MODULE_RE,
     PCI_OWNED_OPTION,
     PYTHON_RE,
-    REL_PATH_RE,
-    SCP_URL_RE,
-    SSH_URL_RE,
     USER_RE,
 )
 
@@ -242,17 +231,6 @@ def _abs_path(value: str) -> str:
     )
 
 
-def _patch_path(value: str) -> str:
-    _bounded(value, "path", 1024)
-    if REL_PATH_RE.fullmatch(value) and ".." not in value.split("/"):
-        return value
-    raise ValueError(
-        f"{show(value)} is not a normalised path relative to files/ (no leading '/', no '.' or "
-        "'..' components, no '//' or trailing '/', ASCII letters, digits and ._+@-); write e.g. "
-        "'patches/acs-override.patch'"
-    )
-
-
 def _env_value(value: str) -> str:
     # never echo the value: environments carry tokens
     _bounded(value, "environment value")
@@ -336,129 +314,14 @@ def _acs_override(value: str) -> str:
     return value
 
 
-def _git_repo(value: str) -> str:
-    _bounded(value, "repository address", 1024)
-    fix = (
-        "write an https:// or ssh:// git URL, user@host:path, or an absolute path; credentials "
-        "never go into the URL (use an SSH key or a credential helper on the host)"
-    )
-    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", value)
-    if scheme and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@", value):
-        userinfo = value[len(scheme[0]) :].split("@", 1)[0]
-        if scheme[1] != "ssh" or ":" in userinfo:
-            raise ValueError(f"{show(value)} carries credentials; {fix}")
-    if value.startswith("/"):
-        try:
-            return _abs_path(value)
-        except ValueError:
-            raise ValueError(f"{show(value)} is not an absolute, normalised path; {fix}") from None
-    for pattern in (HTTPS_URL_RE, SSH_URL_RE, SCP_URL_RE):
-        match = pattern.fullmatch(value)
-        if match and ".." not in (match["path"] or "").split("/"):
-            return value
-    if scheme and scheme[1] not in ("https", "ssh"):
-        raise ValueError(f"{show(value)}: the {scheme[1]}:// scheme is not accepted; {fix}")
-    raise ValueError(
-        f"{show(value)} is not a git repository address{_first_bad(value, GIT_PATH_CHARS + ':@')}; {fix}"
-    )
-
-
-def _git_ref(value: str) -> str:
-    _bounded(value, "git ref", 200)
-    if (
-        GIT_REF_RE.fullmatch(value)
-        and ".." not in value
-        and not value.endswith((".lock", "."))
-        and "/." not in value
-    ):
-        return value
-    raise ValueError(
-        f"{show(value)} is not a git branch, tag or commit{_first_bad(value, 'A-Za-z0-9._+/-')}; "
-        "use ASCII letters, digits and ._+-/ (no '..', not starting with '-'), e.g. 'bookworm-6.14'"
-    )
-
-
-def _requirement(value: str) -> str:
-    _bounded(value, "requirement", 1024)
-    if "\n" in value or "\r" in value or not value.isascii() or not value.isprintable():
-        raise ValueError(
-            f"{show(value)} is not one PEP 508 requirement{_first_bad(value, ' -~')}; give one "
-            "requirement per item, e.g. 'torch==2.9.1'"
-        )
-    try:
-        req = Requirement(value)
-    except InvalidRequirement as exc:
-        reason = mask_secrets(str(exc).splitlines()[0])[:120]
-        raise ValueError(
-            f"{show(value)} is not a PEP 508 requirement ({reason}); write e.g. 'torch==2.9.1' or "
-            "'vllm>=0.11'"
-        ) from None
-    if req.url and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@", req.url):
-        raise ValueError(
-            f"{show(value)} carries credentials in its URL; configure the index credentials on the "
-            "guest (uv's UV_INDEX_* or a netrc), not in the spec"
-        )
-    if any(c in value for c in "$`\\"):
-        raise ValueError(
-            f"{show(value)} contains shell syntax ($, backticks or backslashes); write a plain "
-            "requirement, e.g. 'torch==2.9.1'"
-        )
-    return value
-
-
-def _config_value(value: str) -> str:
-    _bounded(value, "kernel config value", 256)
-    if not CONFIG_VALUE_RE.fullmatch(value):
-        raise ValueError(
-            f"{show(value)} is not a kernel config value; write y, m, n, a number or plain text "
-            "without quotes, $, backticks, backslashes or ; & | < > ( ) (gpuhost quotes strings)"
-        )
-    return value
-
-
-def _config_name(value: str) -> str:
-    _bounded(value, "kernel config name", 128)
-    if not CONFIG_NAME_RE.fullmatch(value):
-        raise ValueError(f"{show(value)} is not a kernel config name; write e.g. 'CONFIG_VFIO_PCI'")
-    return value
-
-
-def _base_config(value: str) -> str:
-    if value in BASE_CONFIG_TARGETS:
-        return value
-    if value.startswith("/"):
-        return _abs_path(value)
-    raise ValueError(
-        f"{show(value)} is not a base config; write one of {', '.join(BASE_CONFIG_TARGETS)} or "
-        "the absolute path of a config file, e.g. '/etc/gpuhost/kernel-6.14.config'"
-    )
-
-
-LocalVersion = Annotated[
-    str,
-    _grammar(
-        LOCALVERSION_RE,
-        "kernel LOCALVERSION",
-        "write what follows X.Y.Z in the release, e.g. '-2-bpo12-pve'",
-        "a-z0-9.+-",
-        64,
-    ),
-]
 DnsName = Annotated[str, AfterValidator(check_dns_name)]
 GuestName = Annotated[str, AfterValidator(check_guest_name)]
 Hostname = Annotated[str, AfterValidator(_hostname)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
-PatchPath = Annotated[str, AfterValidator(_patch_path)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 EnvValue = Annotated[str, AfterValidator(_env_value)]
 KernelParam = Annotated[str, AfterValidator(check_kernel_param)]
 AcsOverride = Annotated[str, AfterValidator(_acs_override)]
-GitRepo = Annotated[str, AfterValidator(_git_repo)]
-GitRef = Annotated[str, AfterValidator(_git_ref)]
-PipRequirement = Annotated[str, AfterValidator(_requirement)]
-ConfigName = Annotated[str, AfterValidator(_config_name)]
-ConfigValue = Annotated[str, AfterValidator(_config_value)]
-BaseConfig = Annotated[str, AfterValidator(_base_config)]
 MAX_ITEMS = 256  # no list or mapping in a spec is longer
 
 MAX_GPU_INDEX = 1023  # nvidia-smi indexes a spec may name

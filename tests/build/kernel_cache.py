@@ -48,7 +48,7 @@ from gpuhost.build.kernel import (
     lookup,
     tree_version,
 )
-from gpuhost.build.kernels import build
+from gpuhost.build.kernelbuild import build
 
 TARBALL = Path("/usr/src/linux-source-6.1.tar.xz")
 APT_PACKAGES = Path(__file__).with_name("APT_PACKAGES")

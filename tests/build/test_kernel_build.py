@@ -28,7 +28,7 @@ from gpuhost.build.kernel import (
     lookup,
     tree_version,
 )
-from gpuhost.build.kernels import build
+from gpuhost.build.kernelbuild import build
 from tests.build.kernel_cache import (
     CC,
     FRAGMENT,

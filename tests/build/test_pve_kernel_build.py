@@ -24,7 +24,7 @@ import pytest
 from gpuhost.build.artifacts import Artifact, ArtifactStore
 from gpuhost.build.features import feature_problems, package_features
 from gpuhost.build.kernel import KernelRecipe, local_jobs
-from gpuhost.build.kernels import build
+from gpuhost.build.kernelbuild import build
 from gpuhost.build.kernelstore import plan_install
 from tests.build.kernel_cache import (
     CC,

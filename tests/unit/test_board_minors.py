@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 from gpuhost.plan.guests.boardholders import holders
 from gpuhost.plan.guests.devices import planned_minors
-from gpuhost.plan.guests.split import Owner
-from gpuhost.plan.make import GpuAssignment
+from gpuhost.plan.model import GpuAssignment, Owner
 from tests.unit.test_ctplan import facts
 
 CT = Owner("lxc", 200, "ct200")

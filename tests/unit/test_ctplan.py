@@ -11,7 +11,11 @@ import pytest
 from gpuhost.observe.containers import parse_container_states, parse_package_version
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.plan.guests.containers import (
+    ALLOW_KEY,
+    DeviceRule,
+    dev_path,
     edit_raw,
+    parse_rule,
     plan_containers,
     raw_lines,
     record_path,
@@ -293,3 +297,25 @@ def test_backups_name_kind_id_and_time_and_keep_a_bounded_number() -> None:
     for kind, vmid in (("lxc; rm -rf /", 200), ("lxc", True), ("lxc", 7), ("vm", 200)):
         with pytest.raises(ValueError):
             config_path(kind, vmid)  # type: ignore[arg-type]
+
+
+def test_the_raw_lines_the_plan_writes_read_back_as_its_grants() -> None:
+    """One reader of device rules and devN entries for the plan and the audit: what the plan
+    writes reads back as exactly the nodes it grants."""
+    nodes = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm")
+    majors = {"nvidia": 195, "nvidiactl": 195, "nvidia-uvm": 509}
+    lines = raw_lines(nodes, majors)
+    assert lines is not None
+    rules = [
+        parse_rule(line.split(":", 1)[1])
+        for line in lines
+        if ALLOW_KEY.fullmatch(line.split(":", 1)[0])
+    ]
+    assert rules == [
+        DeviceRule("c", 195, "0"),
+        DeviceRule("c", 195, "255"),
+        DeviceRule("c", 509, "0"),
+    ]
+    assert parse_rule("a") == DeviceRule("a", None, "*")
+    assert parse_rule("c *:* rwm") == DeviceRule("c", None, "*")
+    assert dev_path("mode=0666,path=/dev/nvidia3") == "/dev/nvidia3"

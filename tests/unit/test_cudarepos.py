@@ -15,7 +15,8 @@ from gpuhost.guestsw.cudarepos import (
     supported_repo,
 )
 from gpuhost.guestsw.files import sources
-from gpuhost.guestsw.plan import SOURCES, make_guest_plan
+from gpuhost.guestsw.model import SOURCES
+from gpuhost.guestsw.plan import make_guest_plan
 from gpuhost.observe.guestsoft import GPGV, SQV, SQV_POLICY, parse_guest, parse_os_release
 from gpuhost.observe.parse import UnparsedOutput
 from tests.unit.test_guestplan import CONTROL, facts, guest, problems

@@ -9,17 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from gpuhost.guestsw.indexconf import IndexConfig, control_indexes
-from gpuhost.guestsw.plan import (
-    KEYRING,
-    PROFILE,
-    SOURCES,
-    UV_CONFIG,
-    Control,
-    GuestPlanError,
-    make_guest_plan,
-    max_jobs,
-    planned_paths,
-)
+from gpuhost.guestsw.model import KEYRING, PROFILE, SOURCES, UV_CONFIG, Control, GuestPlanError
+from gpuhost.guestsw.plan import make_guest_plan, max_jobs, planned_paths
 from gpuhost.guestsw.render import render_guest_plan
 from gpuhost.observe.files import ManagedFiles
 from gpuhost.observe.guestsoft import (

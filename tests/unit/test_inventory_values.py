@@ -175,7 +175,7 @@ def test_a_trailing_newline_is_refused_everywhere(field: str, value: str) -> Non
     assert node[key] == value  # type: ignore[index]
     node[key] = value + "\n"  # type: ignore[index]
     with pytest.raises(SpecError) as info:
-        load = __import__("gpuhost.spec.inventory", fromlist=["validate_spec"]).validate_spec
+        load = __import__("gpuhost.spec.validate", fromlist=["validate_spec"]).validate_spec
         load("inventory/x.py", "kpro6", spec)
     assert "a newline" in str(info.value) or "'\\n'" in str(info.value)
 

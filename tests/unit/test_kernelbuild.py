@@ -33,10 +33,10 @@ from gpuhost.build.kernel import (
     source_tree,
     tree_version,
 )
-from gpuhost.build.kernels import build
+from gpuhost.build.kernelbuild import build
 from gpuhost.cli import main
 from gpuhost.spec.host import HostSpec
-from gpuhost.spec.inventory import SpecError, validate_spec
+from gpuhost.spec.validate import SpecError, validate_spec
 
 BUILD = {
     "version": "6.14.8-2-bpo12-pve",

@@ -17,8 +17,8 @@ import pytest
 from pyinfra.context import ctx_host, ctx_state
 
 from deploys import context, ops, reboot
-from gpuhost.plan.guests.split import HOST
-from gpuhost.plan.make import FollowUp, ManagedFile, Plan, Reason
+from gpuhost.plan.make import Plan
+from gpuhost.plan.model import HOST, FollowUp, ManagedFile, Reason
 
 CASES = Path(__file__).parents[1] / "operations"
 BOOT_ID = "11111111-2222-3333-4444-555555555555"

@@ -5,7 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from gpuhost.plan.make import HOST, Owner, PlanError, make_plan
+from gpuhost.plan.driver.modconf import NVIDIA_OPTIONS
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.model import HOST, Owner, PlanError
+from gpuhost.plan.phases import PARAMETERS
+from gpuhost.plan.reasons import reboot_reasons
 from gpuhost.plan.render import render_plan
 from gpuhost.spec.host import HostSpec
 from tests.unit.hosts import h200x2 as h200x2_facts
@@ -435,3 +439,31 @@ def test_the_printed_plan_never_shows_a_secret_env_value() -> None:
     text = render_plan(make_plan("kpro6", host(KPRO6, guest), kpro6(PveGuestConfigs=(0, []))))
     assert "HF_TOKEN=***" in text and "NCCL_IB_DISABLE=1" in text
     assert "hf_abcdef0123456789" not in text
+
+
+def test_any_planned_module_parameter_that_reads_otherwise_reboots() -> None:
+    """Not only nvidia_uvm's: a parameter of any module the plan sets, read otherwise on the
+    loaded module, is a reason to reboot, and reads as planned it is none."""
+    spec = host(KPRO6, lxc(200, "rest"))
+    planned = {"nvidia": {"NVreg_EnableGpuFirmware": "1"}, "nvidia_uvm": {"uvm_disable_hmm": "Y"}}
+    live = ["nvidia_uvm uvm_disable_hmm Y", "nvidia NVreg_EnableGpuFirmware 0"]
+    reasons = reboot_reasons(spec, kpro6(ModuleParameters=(0, live)), [], [], [], {}, planned, [])
+    assert [str(r) for r in reasons if r.concern == "modules"] == [
+        "nvidia NVreg_EnableGpuFirmware is 0, must be 1 (module reload)"
+    ]
+    live[1] = "nvidia NVreg_EnableGpuFirmware 1"
+    reasons = reboot_reasons(spec, kpro6(ModuleParameters=(0, live)), [], [], [], {}, planned, [])
+    assert [r for r in reasons if r.concern == "modules"] == []
+
+
+def test_every_spec_module_option_is_planned_with_its_reading() -> None:
+    """Each module option the spec can set is planned on modprobe.d and as the reading the audit
+    and the reboot reasons compare (one table, gpuhost/plan/phases.py PARAMETERS)."""
+    raw = kpro6_raw()
+    raw["PveGuestConfigs"] = (0, [])  # VM 129's hand-made hostpci entries would give GPUs twice
+    spec = host(KPRO6, lxc(200, "rest"), modules={"uvm_disable_hmm": True})
+    plan = make_plan("kpro6", spec, kpro6(**raw))
+    for module, name, value, reads in PARAMETERS.values():
+        assert plan.module_options[module][name] == value
+        assert plan.expected_parameters[module][name] == reads
+        assert f"{name}={value}" in (plan.files[NVIDIA_OPTIONS].content or "")

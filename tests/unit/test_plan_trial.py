@@ -4,7 +4,8 @@ renderer, never a reason to refuse the plan (no deploy runs it yet)."""
 import pytest
 
 from gpuhost.plan.boot.cmdline import KERNEL_CMDLINE
-from gpuhost.plan.make import PlanError, make_plan
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.model import PlanError
 from gpuhost.plan.render import render_plan
 from gpuhost.plan.trial.entry import TRIAL_ENTRY
 from gpuhost.plan.trial.state import RECORD, Step

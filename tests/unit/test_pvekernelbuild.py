@@ -15,7 +15,7 @@ from gpuhost.build.kernel import (
     KernelRecipe,
     plain_pve_note,
 )
-from gpuhost.build.kernels import build
+from gpuhost.build.kernelbuild import build
 from gpuhost.build.pvekernel import is_pve_tree, tree_variables, verify
 from tests.build.pvekernel_standin import write_standin
 from tests.kerneldebs import headers_deb, kernel_deb

@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from gpuhost.spec.host import HostSpec
-from gpuhost.spec.inventory import SpecError, gpu_host, load_inventory, validate_spec
+from gpuhost.spec.inventory import gpu_host, load_inventory
+from gpuhost.spec.validate import SpecError, validate_spec
 
 BASE = {"kernel": {"version": "6.8.12-9-pve"}, "driver": {"version": "580.159.04"}}
 ROOT = Path(__file__).parents[2]

@@ -7,7 +7,7 @@ import pytest
 
 from gpuhost.plan.boot.iommu import plan_iommu
 from gpuhost.spec.grammar import machine_is_q35
-from gpuhost.spec.inventory import SpecError, validate_spec
+from gpuhost.spec.validate import SpecError, validate_spec
 
 BASE = {"kernel": {"version": "6.8.12-9-pve"}, "driver": {"version": "580.95.05"}}
 

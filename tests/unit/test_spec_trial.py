@@ -3,7 +3,7 @@
 import pytest
 
 from gpuhost.spec.host import HostSpec
-from gpuhost.spec.inventory import SpecError, validate_spec
+from gpuhost.spec.validate import SpecError, validate_spec
 
 BASE = {"driver": {"version": "580.159.04"}}
 

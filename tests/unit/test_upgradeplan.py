@@ -6,7 +6,8 @@ import pytest
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.observe.parse import UnparsedOutput
 from gpuhost.observe.release import HostRelease, parse_release
-from gpuhost.plan.make import PlanError, make_plan
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.model import PlanError
 from gpuhost.spec.host import HostSpec
 from tests.unit.hosts import kpro6
 

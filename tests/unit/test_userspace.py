@@ -17,7 +17,8 @@ from gpuhost.observe.driver_install import parse_userspace_state
 from gpuhost.observe.parse import UnparsedOutput
 from gpuhost.observe.snapshot import split_combined
 from gpuhost.plan.driver.userspace import PERSISTENCED_UNIT, PERSISTENCED_WANTS
-from gpuhost.plan.make import PlanError, make_plan
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.model import PlanError
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import describe
 from tests.unit.hosts import kpro6, kpro6_raw, pci_lines

@@ -6,7 +6,8 @@ import pytest
 
 from gpuhost.observe.proxmox import parse_pci_mappings
 from gpuhost.plan.guests.vms import PciMapping, mapping_id, raw_slots
-from gpuhost.plan.make import PlanError, make_plan
+from gpuhost.plan.make import make_plan
+from gpuhost.plan.model import PlanError
 from tests.unit.hosts import kpro6
 from tests.unit.test_plan import KPRO6, host, lxc, vm
 

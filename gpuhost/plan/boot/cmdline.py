@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuhost.paths import CONFIG_DIR
 from gpuhost.plan.boot import grub as grubconf
 
 KERNEL_CMDLINE = "/etc/kernel/cmdline"
-CMDLINE_RECORD = "/etc/gpuhost/kernel-cmdline"
+CMDLINE_RECORD = f"{CONFIG_DIR}/kernel-cmdline"
 DEFAULT_GRUB = "/etc/default/grub"
 GRUB_DROPIN = grubconf.DROPIN
 RECORD_HEADER = (

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpuhost.paths import LIB_DIR
+
 HEADER = "# Managed by gpuhost ({}); edit the inventory, not this file.\n"
 NVIDIA_OPTIONS = "/etc/modprobe.d/gpuhost-nvidia.conf"
 BLACKLIST = "/etc/modprobe.d/gpuhost-blacklist.conf"
@@ -15,15 +17,15 @@ NVIDIA_LOAD = "/etc/modules-load.d/gpuhost-nvidia.conf"
 VFIO_LOAD = "/etc/modules-load.d/gpuhost-vfio.conf"
 DEVICES_UNIT = "/etc/systemd/system/gpuhost-nvidia-devices.service"
 DEVICES_WANTS = "/etc/systemd/system/multi-user.target.wants/gpuhost-nvidia-devices.service"
-DEVICES_SCRIPT = "/usr/local/lib/gpuhost/nvidia-device-nodes"
+DEVICES_SCRIPT = f"{LIB_DIR}/nvidia-device-nodes"
 DEVICE_FILES = (DEVICES_SCRIPT, DEVICES_UNIT, DEVICES_WANTS)  # the boot unit that makes the nodes
 # The trial boot's userspace deadline: a timer that reboots an unconfirmed trial kernel's boot.
-TRIAL_SCRIPT = "/usr/local/lib/gpuhost/trial-deadline"
+TRIAL_SCRIPT = f"{LIB_DIR}/trial-deadline"
 TRIAL_UNIT = "/etc/systemd/system/gpuhost-trial-deadline.service"
 TRIAL_TIMER = "/etc/systemd/system/gpuhost-trial-deadline.timer"
 TRIAL_WANTS = "/etc/systemd/system/timers.target.wants/gpuhost-trial-deadline.timer"
 # pve-guests.service waits on a trial boot until the commit (files/gpuhost-trial-hold).
-TRIAL_HOLD_SCRIPT = "/usr/local/lib/gpuhost/trial-hold"
+TRIAL_HOLD_SCRIPT = f"{LIB_DIR}/trial-hold"
 TRIAL_HOLD_DROPIN = "/etc/systemd/system/pve-guests.service.d/gpuhost-trial-hold.conf"
 # Files that matter early in boot: the initramfs carries /etc/modprobe.d (initramfs-tools'
 # kmod hook) but not modules-load.d, which only the real root's systemd-modules-load reads; so

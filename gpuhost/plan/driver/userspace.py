@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.observe.pci import nvswitches
+from gpuhost.paths import STATE_DIR
 from gpuhost.spec.host import HostSpec
 
 # Where the installer is uploaded and run; removed once the install is verified.
-INSTALLER_DIR = "/var/lib/gpuhost/driver-installer"
+INSTALLER_DIR = f"{STATE_DIR}/driver-installer"
 PERSISTENCED_UNIT = "/etc/systemd/system/gpuhost-nvidia-persistenced.service"
 PERSISTENCED_WANTS = (
     "/etc/systemd/system/multi-user.target.wants/gpuhost-nvidia-persistenced.service"

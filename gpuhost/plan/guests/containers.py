@@ -32,17 +32,37 @@ from dataclasses import dataclass, field
 from gpuhost.observe.containers import PackageVersion
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.observe.proxmox import GuestConfig
+from gpuhost.paths import STATE_DIR
 from gpuhost.plan.guests.devices import node_major, node_minor
 from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.host import HostSpec
 
-RECORD_PREFIX = "/var/lib/gpuhost/ct-"  # gpuhost.plan.make.STATE_DIR: its own records
+RECORD_PREFIX = f"{STATE_DIR}/ct-"  # its own records
 DEVN_SINCE = (5, 0, 7)  # pve-container 5.0.7 = Proxmox VE 8.1
 DEV_MODE = "0666"  # the mode nvidia-modprobe gives the host's nodes (Proxmox's default: 0660)
 DEV_KEY = re.compile(r"dev(\d+)")
 MAX_DEV = 256  # dev0..dev255 (pve-container $MAX_DEVICES)
-_ALLOW = re.compile(r"lxc\.cgroup2?\.devices\.allow")
-_RULE = re.compile(r"c\s+(\d+):(\d+|\*)(?:\s+[rwm]+)?")
+# A raw device rule (`lxc.cgroup2.devices.allow: c 195:0 rwm`), read by the plan and the audit.
+ALLOW_KEY = re.compile(r"lxc\.cgroup2?\.devices\.allow")
+_RULE = re.compile(
+    r"(?P<type>[abc])(?:\s+(?P<major>\d+|\*):(?P<minor>\d+|\*))?(?:\s+(?P<access>[rwm]+))?"
+)
+
+
+@dataclass(frozen=True)
+class DeviceRule:
+    type: str  # "a" (every device) | "b" | "c"
+    major: int | None  # None: any major
+    minor: str  # a number or "*"
+
+
+def parse_rule(value: str) -> DeviceRule | None:
+    """A device rule's value, or None when it is not one."""
+    m = _RULE.fullmatch(value.strip())
+    if m is None:
+        return None
+    major = None if m["major"] in (None, "*") else int(m["major"])
+    return DeviceRule(m["type"], major, m["minor"] or "*")
 
 
 def record_path(ctid: int) -> str:
@@ -86,10 +106,15 @@ def effective_devs(config: GuestConfig) -> dict[str, str]:
     return devs
 
 
+def current_dev_paths(config: GuestConfig) -> list[str]:
+    """The host paths of the devN entries in the current config."""
+    return [dev_path(v) for k, v in config.current.options.items() if DEV_KEY.fullmatch(k)]
+
+
 def _nvidia_rule(value: str, majors: dict[str, int]) -> bool:
-    m = _RULE.fullmatch(value.strip())
+    rule = parse_rule(value)
     live = {v for k, v in majors.items() if k.startswith("nvidia")}
-    return m is not None and int(m[1]) in live
+    return rule is not None and rule.type == "c" and rule.major in live
 
 
 @dataclass(frozen=True)
@@ -231,7 +256,7 @@ def plan_container(
             continue
         src = value.split()[0] if value.split() else ""
         if (key == "lxc.mount.entry" and src.startswith("/dev/nvidia")) or (
-            _ALLOW.fullmatch(key) and _nvidia_rule(value, majors)
+            ALLOW_KEY.fullmatch(key) and _nvidia_rule(value, majors)
         ):
             foreign.append(line)
     if foreign:

@@ -1,14 +1,10 @@
 """The device nodes each GPU container needs and the PCI functions each VM is given, from the
-Plan's GPU table (kept apart from plan.py)."""
+Plan's GPU table."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gpuhost.observe.hostfacts import HostFacts
-
-if TYPE_CHECKING:
-    from gpuhost.plan.make import GpuAssignment
+from gpuhost.plan.model import GpuAssignment
 
 # The nodes every GPU container needs besides its GPUs' own: the control device and UVM
 # (CUDA's unified memory; cuInit fails without it).

@@ -17,10 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.paths import LIB_DIR
 from gpuhost.plan.guests.split import slot
 from gpuhost.plan.guests.vms import PciMapping, board_mapping
 
-SCRIPT = "/usr/local/lib/gpuhost/pci-mappings"
+SCRIPT = f"{LIB_DIR}/pci-mappings"
 UNIT = "/etc/systemd/system/gpuhost-pci-mappings.service"
 WANTS = "/etc/systemd/system/multi-user.target.wants/gpuhost-pci-mappings.service"
 PCI_CFG = "/etc/pve/mapping/pci.cfg"

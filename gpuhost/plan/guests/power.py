@@ -18,7 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuhost.observe.proxmox import GuestConfig
+from gpuhost.paths import STATE_DIR
 
+RECORD = f"{STATE_DIR}/guests-before-reboot"  # the guests a run stopped and must start again
 GuestId = tuple[str, int]  # ("lxc", 101) | ("qemu", 100)
 NO_ORDER = 2**63 - 1  # Proxmox sorts a guest without `order` as LONG_MAX: last to start
 _STARTUP_ITEM = re.compile(r"(?:(?P<key>order|up|down)=)?(?P<value>\d+)")

@@ -4,26 +4,12 @@ checked. Pure: reads facts, never the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.observe.pci import PciDevice, nvswitches
+from gpuhost.plan.model import HOST, Owner
 from gpuhost.spec.grammar import Q35_FIX, machine_is_q35
 from gpuhost.spec.guests import LxcGuest, VmGuest
 from gpuhost.spec.host import HostSpec
-
-
-@dataclass(frozen=True)
-class Owner:
-    kind: str  # "host" | "lxc" | "vm"
-    id: int | None = None
-    name: str = ""
-
-    def __str__(self) -> str:
-        return "host" if self.kind == "host" else f"{self.kind} {self.id} ({self.name})"
-
-
-HOST = Owner("host")
 
 
 def slot(bdf: str) -> str:

@@ -43,23 +43,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import jinja2
 
 from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.paths import LIB_DIR
 from gpuhost.plan.guests.split import slot
+from gpuhost.plan.model import GpuAssignment
 from gpuhost.spec.values import normalize_bdf
-
-if TYPE_CHECKING:
-    from gpuhost.plan.make import GpuAssignment
 
 MODPROBE_CONF = "/etc/modprobe.d/gpuhost-vfio.conf"
 INITRAMFS_HOOK = "/etc/initramfs-tools/hooks/gpuhost-vfio"
 # The initramfs carries modprobe.d and what the hook adds: rebuild it when either changes.
 INITRAMFS_FILES = (MODPROBE_CONF, INITRAMFS_HOOK)
 # The boot unit that moves what a built-in or early driver took (see the module's docstring).
-CLAIM_SCRIPT = "/usr/local/lib/gpuhost/vfio-claim"
+CLAIM_SCRIPT = f"{LIB_DIR}/vfio-claim"
 CLAIM_UNIT = "/etc/systemd/system/gpuhost-vfio-claim.service"
 CLAIM_WANTS = "/etc/systemd/system/multi-user.target.wants/gpuhost-vfio-claim.service"
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-# In gpuhost's state directory (gpuhost.plan.make.STATE_DIR; not imported: the planner imports this).
-RECORD = "/var/lib/gpuhost/trial"
+from gpuhost.paths import STATE_DIR
+
+RECORD = f"{STATE_DIR}/trial"
 
 
 class Step(enum.Enum):

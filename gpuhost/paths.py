@@ -1,0 +1,30 @@
+"""Where gpuhost keeps its own things on a host: its directories and the globs of every file it
+manages, read back by the managed-files fact. Every managed path the plan names lies under one of
+MANAGED_PATHS (a test checks it)."""
+
+STATE_DIR = "/var/lib/gpuhost"  # gpuhost's own records (pending steps, last reboot, trial, backups)
+LIB_DIR = "/usr/local/lib/gpuhost"  # its boot scripts
+CONFIG_DIR = "/etc/gpuhost"  # its own copies of shared settings (the kernel command line)
+
+# Every file a deploy writes, edits or records. Owned files are named gpuhost-* or live in
+# gpuhost's directories; shared files (/etc/kernel/cmdline, /etc/default/grub and its drop-ins,
+# read to know the user's own kernel parameters) are never rewritten wholesale.
+MANAGED_PATHS = (
+    "/etc/kernel/cmdline",
+    "/etc/default/grub",
+    "/etc/default/grub.d/*.cfg",
+    f"{CONFIG_DIR}/*",
+    "/etc/modprobe.d/gpuhost-*.conf",
+    "/etc/modules-load.d/gpuhost-*.conf",
+    "/etc/initramfs-tools/hooks/gpuhost-*",
+    "/etc/systemd/system/gpuhost-*",
+    "/etc/systemd/system/*.wants/gpuhost-*",
+    "/etc/systemd/system/*.d/gpuhost-*.conf",
+    f"{LIB_DIR}/*",
+    f"{STATE_DIR}/*",
+    # Proxmox's, read only: the node name (/etc/pve/local links to nodes/<node>), the cluster
+    # CA the API is verified against, and the PCI mappings gpuhost creates through the API.
+    "/etc/pve/local",
+    "/etc/pve/pve-root-ca.pem",
+    "/etc/pve/mapping/pci.cfg",
+)
