@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     """Start a local twin if none runs, then provision that one twin with the main deploy."""
     from pyinfra.api.exceptions import PyinfraError
 
-    from twin import node, processes
+    from twin import lifecycle, node, processes
     from twin.errors import TwinError
     from twin.rootfs import RootfsError
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                     f"{', '.join(spec_profiles())}; add one to SPECS there, or pick one of those"
                 )
             print(f"starting a {profile} twin...", file=sys.stderr)
-            running = node.start_fleet(1, profile)
+            running = lifecycle.start_fleet(1, profile)
         else:
             problem = processes.port_22_problem()
             if problem:
