@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from gpuhost.spec.inventory import load_inventory
 from tests.e2e.test_guest_software import CT200, SPEC, guest_spec, write_inventory
-from twin import cudarepo, driver, node
+from twin import cudarepo, driver, lifecycle, node
 from twin.pytest_plugin import TwinHandle
 
 ROOT = Path(__file__).parents[1]
@@ -60,7 +60,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     first = int(os.environ.get("GPUHOST_TWIN_TEST_INDEX", node.FIRST_TEST_INDEX))
-    (twin,) = node.start_fleet(1, "kpro6", first=first)
+    (twin,) = lifecycle.start_fleet(1, "kpro6", first=first)
     handle = TwinHandle(twin.address, twin=twin)
     try:
         driver.install(twin, "595.71.05")
@@ -85,7 +85,7 @@ def main() -> int:
                 )
                 print(f"one-operation deploy on ct200: {measure(inv, ONE_OP, 'ct200', args.runs)}")
     finally:
-        node.stop(twin.name)
+        lifecycle.stop(twin.name)
     return 0
 
 

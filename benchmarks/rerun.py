@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from twin import driver, node
+from twin import driver, lifecycle, node
 
 ROOT = Path(__file__).parents[1]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -74,7 +74,7 @@ def stop_developer_twins() -> None:
     """Stop twin1..N only: test sessions' twins (index 200 up) belong to running tests."""
     for twin in node.list_twins():
         if twin.index < node.FIRST_TEST_INDEX:
-            node.stop(twin.name)
+            lifecycle.stop(twin.name)
 
 
 def main() -> int:
@@ -86,7 +86,7 @@ def main() -> int:
     for size in (int(n) for n in args.fleet.split(",")):
         stop_developer_twins()
         t0 = time.monotonic()
-        twins = node.start_fleet(size, "kpro6")
+        twins = lifecycle.start_fleet(size, "kpro6")
         print(f"fleet of {size}: up in {time.monotonic() - t0:.1f} s", flush=True)
         for twin in twins:
             driver.install(twin, "595.71.05")

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from twin import node, processes
+from twin import lifecycle, node, processes
 from twin.errors import TwinError
 from twin.rootfs import RootfsError
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.cmd == "start":
         t0 = time.monotonic()
-        twins = node.start_fleet(args.n, args.profile, args.first)
+        twins = lifecycle.start_fleet(args.n, args.profile, args.first)
         for t in twins:
             print(f"{t.name}\t{t.address}\t{t.profile or 'bare'}")
             if (t.dir / "boot-error").exists():
@@ -68,12 +68,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"connect: ssh -F {node.ssh_config()} root@{twins[0].address}", file=sys.stderr)
     elif args.cmd == "stop":
         if args.all:
-            stopped = node.stop_all()
+            stopped = lifecycle.stop_all()
             print(f"stopped {', '.join(stopped)}" if stopped else "no twins running")
         elif not args.names:
             parser.error("name twins to stop, or --all")
         for name in args.names:
-            print(f"stopped {name}" if node.stop(name) else f"{name}: no such twin")
+            print(f"stopped {name}" if lifecycle.stop(name) else f"{name}: no such twin")
     elif args.cmd == "upgrade":
         from twin.upgrade import upgrade
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from twin import node, rootfs
+from twin import lifecycle, node, rootfs
 from twin.pytest_plugin import TwinHandle
 
 FIRST = 240
@@ -27,22 +27,22 @@ def main() -> None:
     names = [node.twin_name(i) for i in range(FIRST, FIRST + 8)]
     try:
         t0 = time.monotonic()
-        (one,) = node.start_fleet(1, profile, FIRST)
+        (one,) = lifecycle.start_fleet(1, profile, FIRST)
         print(f"one twin up:        {time.monotonic() - t0:6.2f} s  (profile {args.profile})")
         handle = TwinHandle(one.address, twin=one)
         handle.run("true")
         print(f"one reboot:         {handle.reboot():6.2f} s  (reboot -> new boot_id, sshd up)")
-        node.stop(one.name)
+        lifecycle.stop(one.name)
         t0 = time.monotonic()
-        node.start_fleet(8, profile, FIRST)
+        lifecycle.start_fleet(8, profile, FIRST)
         print(f"eight twins up:     {time.monotonic() - t0:6.2f} s")
         t0 = time.monotonic()
         for name in names:
-            node.stop(name)
+            lifecycle.stop(name)
         print(f"eight twins down:   {time.monotonic() - t0:6.2f} s")
     finally:
         for name in names:
-            node.stop(name)
+            lifecycle.stop(name)
 
 
 if __name__ == "__main__":

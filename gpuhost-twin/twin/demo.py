@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     """Start a local twin if none runs, then provision that one twin with the main deploy."""
     from pyinfra.api.exceptions import PyinfraError
 
-    from twin import node, processes
+    from twin import lifecycle, node, processes
     from twin.errors import TwinError
     from twin.rootfs import RootfsError
 
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             say(f"starting a {profile} twin...")
             t0 = time.monotonic()
-            running = node.start_fleet(1, profile)
+            running = lifecycle.start_fleet(1, profile)
             say(f"{running[0].name} up in {time.monotonic() - t0:.0f} s, at {running[0].address}")
         else:
             problem = processes.port_22_problem()

@@ -24,6 +24,7 @@ from typing import Any
 
 from twin import cudarepo, node, userspace
 from twin import driver as twin_driver
+from twin.errors import TwinError
 from twin.pve import routes
 
 MIRROR = "/srv/cuda-mirror"  # in the twin
@@ -143,7 +144,7 @@ def _release(twin: node.Twin) -> str:
     for line in (twin.root / "etc/os-release").read_text().splitlines():
         if line.startswith("VERSION_ID="):
             return line.split("=", 1)[1].strip('"')
-    raise node.TwinError(f"{twin.name}: no VERSION_ID in /etc/os-release")
+    raise TwinError(f"{twin.name}: no VERSION_ID in /etc/os-release")
 
 
 def _ssh(twin: node.Twin, command: str) -> None:
@@ -154,5 +155,5 @@ def _ssh(twin: node.Twin, command: str) -> None:
         timeout=120,
     )
     if run.returncode != 0:
-        raise node.TwinError(f"{twin.name}: creating its guests failed: {run.stderr.strip()}")
+        raise TwinError(f"{twin.name}: creating its guests failed: {run.stderr.strip()}")
     print(run.stdout, end="", file=sys.stderr)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from twin import mounts, node, processes, userspace
+from twin.errors import TwinError
 from twin.modbuild import ModuleCache
 
 
@@ -25,7 +26,7 @@ def ssh(twin: node.Twin, command: str) -> str:
         timeout=60,
     )
     if run.returncode != 0:
-        raise node.TwinError(f"{twin.name}: {command!r} failed: {run.stderr.strip()}")
+        raise TwinError(f"{twin.name}: {command!r} failed: {run.stderr.strip()}")
     return run.stdout
 
 
@@ -41,7 +42,7 @@ def reboot(twin: node.Twin, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while boot_id.read_text() == before or not processes.wait_port(twin.address, 22, timeout=0.5):
         if time.monotonic() > deadline:
-            raise node.TwinError(f"{twin.name} did not come back within {timeout} s")
+            raise TwinError(f"{twin.name} did not come back within {timeout} s")
         time.sleep(0.05)
 
 

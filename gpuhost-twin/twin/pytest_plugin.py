@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from twin import node, processes
+from twin import lifecycle, node, processes
 
-TOOLS = node.TOOLS
-SBIN_PATH = node.SBIN_PATH
+TOOLS = lifecycle.TOOLS
+SBIN_PATH = lifecycle.SBIN_PATH
 # A bare twin (no profile) has no Proxmox install: this lays out /etc/pve as pmxcfs shows it.
 PVE_DIRS = (
     "n=$(cat /etc/hostname); mkdir -p /etc/pve/nodes/$n/lxc; ln -sfn nodes/$n/lxc /etc/pve/lxc"
@@ -52,9 +52,9 @@ def support_problem() -> str | None:
     """Why twins cannot run here, or None."""
     if os.geteuid() != 0:
         return "twins need root (overlay mounts, chroot sshd, LXC)"
-    missing = node.missing_tools()
+    missing = lifecycle.missing_tools()
     if missing:
-        return f"missing {', '.join(missing)}: {node.INSTALL_HINT}"
+        return f"missing {', '.join(missing)}: {lifecycle.INSTALL_HINT}"
     if "overlay" not in Path("/proc/filesystems").read_text():
         return "the kernel has no overlayfs"
     return processes.port_22_problem()
@@ -188,9 +188,9 @@ class Fleet:
         first = self._first_free(count)
         names = [node.twin_name(i) for i in range(first, first + count)]
         for name in names:
-            node.stop(name)  # a leftover of a killed earlier run
+            lifecycle.stop(name)  # a leftover of a killed earlier run
         self.started += names
-        twins = node.start_fleet(count, profile, first)
+        twins = lifecycle.start_fleet(count, profile, first)
         for t in twins:
             error = t.dir / "boot-error"
             if error.exists():  # a bug in the simulation must not pass as a booted host
@@ -199,13 +199,13 @@ class Fleet:
 
     def stop(self, handle: TwinHandle) -> None:
         handle.reconnect()
-        node.stop(handle.name)
+        lifecycle.stop(handle.name)
         if handle.name in self.started:
             self.started.remove(handle.name)
 
     def stop_all(self) -> None:
         for name in self.started:
-            node.stop(name)
+            lifecycle.stop(name)
         self.started.clear()
 
 

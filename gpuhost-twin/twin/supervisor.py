@@ -1,7 +1,7 @@
 """The per-twin supervisor: boots the twin, keeps /proc/uptime true, serves in-twin requests.
 
-Run detached by `twin.node.start` as `python -m twin.supervisor <twin dir>`; it lives outside the
-chroot. Its sshd is its child; SIGTERM stops guests, sessions and sshd, then the supervisor.
+Run detached by `twin.lifecycle.start` as `python -m twin.supervisor <twin dir>`; it lives outside
+the chroot. Its sshd is its child; SIGTERM stops guests, sessions and sshd, then the supervisor.
 
 Request protocol (shims inside the twin use /usr/lib/gpuhost-twin/twinreq.py):
     a shim writes  <root>/run/gpuhost-twin/requests/<id>.json   (atomically: tmp file + rename)
@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from twin import guests, mounts, node, processes, procview, units
+from twin.errors import TwinError
 
+SSHD = shutil.which("sshd", path="/usr/sbin:/usr/local/sbin:/sbin") or "/usr/sbin/sshd"
 RUN = "run/gpuhost-twin"
 API_PORT = 8006
 
@@ -158,12 +161,12 @@ class Supervisor:
         cmd = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', self.twin.name]
         with open(self.twin.dir / "sshd.log", "ab") as sshd_log:
             self.sshd = subprocess.Popen(
-                [*cmd, node.SSHD, "-D", "-e", "-f", str(cfg)],
+                [*cmd, SSHD, "-D", "-e", "-f", str(cfg)],
                 stdin=subprocess.DEVNULL,
                 stderr=sshd_log,
             )
         if not processes.wait_port(self.twin.address, 22):
-            raise node.TwinError(f"sshd of {self.twin.name} does not answer on {self.twin.address}")
+            raise TwinError(f"sshd of {self.twin.name} does not answer on {self.twin.address}")
 
     def halt(self) -> None:
         """What a power cycle takes away: guests, every session and sshd."""

@@ -39,7 +39,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from twin import boot, hardware, node, pve, rootfs
+from twin import boot, hardware, lifecycle, node, pve, rootfs
 from twin.errors import TwinError
 from twin.mounts import mount_overlay, unmount_below
 from twin.processes import _alive
@@ -90,7 +90,7 @@ def upgrade(name: str, target: str) -> node.Twin:
                 "run-parts", "--report", f"--arg={kernel.version}",
                 f"--arg=/boot/vmlinuz-{kernel.version}", "/etc/kernel/postinst.d",
             )  # fmt: skip
-    node.start(upgraded)  # the reboot that ends the upgrade
+    lifecycle.start(upgraded)  # the reboot that ends the upgrade
     return upgraded
 
 
@@ -100,7 +100,7 @@ def _halt(twin: node.Twin) -> None:
         pid = int((twin.dir / "supervisor.pid").read_text())
     except (FileNotFoundError, ValueError):
         pid = 0
-    if pid and node._is_supervisor(pid, twin.dir):
+    if pid and node.is_supervisor(pid, twin.dir):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
         while _alive(pid) and time.monotonic() < deadline:
@@ -155,7 +155,7 @@ def _refresh_diverted(root: Path, new_base: Path) -> None:
 
 
 def _chroot(root: Path, *argv: str) -> None:
-    env = {"PATH": node.SBIN_PATH, "LC_ALL": "C", "DEB_MAINT_PARAMS": "configure"}
+    env = {"PATH": lifecycle.SBIN_PATH, "LC_ALL": "C", "DEB_MAINT_PARAMS": "configure"}
     done = subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise TwinError(f"{' '.join(argv)} in the upgraded twin failed: {done.stderr[-800:]}")

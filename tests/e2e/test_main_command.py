@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from tests.e2e.conftest import PYINFRA, ROOT
-from twin import node
+from twin import lifecycle, node
 
 
 def gpuhost_twin(*args: str) -> tuple[int, str]:
@@ -45,4 +45,4 @@ def test_gpuhost_twin_provisions_a_fresh_twin_then_changes_nothing(twin_base) ->
         assert uvm.read_text().strip() == "Y"
     finally:  # only the twin it started: other test sessions' twins keep running
         for twin in developer_twins():
-            node.stop(twin.name)
+            lifecycle.stop(twin.name)

@@ -26,10 +26,10 @@ def test_no_test_places_a_tier_marker_by_hand():
 
 
 def test_a_unit_tier_test_cannot_start_a_twin(request):
-    from twin import node, rootfs
+    from twin import lifecycle, rootfs
 
     assert request.node.get_closest_marker("unit") is not None
-    for start in (rootfs.ensure_base, node.check_machine):
+    for start in (rootfs.ensure_base, lifecycle.check_machine):
         with pytest.raises(rootfs.RootfsError, match=re.escape(request.node.nodeid)):
             start()
 

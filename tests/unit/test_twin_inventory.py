@@ -9,7 +9,7 @@ import pytest
 from pyinfra.api.exceptions import InventoryError
 
 from gpuhost.spec.inventory import load_inventory
-from twin import node
+from twin import lifecycle, node
 
 INVENTORY = Path(__file__).parents[2] / "inventory/twin.py"
 
@@ -83,7 +83,7 @@ def test_gpuhost_twin_refuses_a_profile_without_a_spec_before_starting_a_twin(
         raise AssertionError("a twin was started")
 
     monkeypatch.setattr(node, "list_twins", lambda: [])  # none runs: the command would start one
-    monkeypatch.setattr(node, "start_fleet", no_start)
+    monkeypatch.setattr(lifecycle, "start_fleet", no_start)
     monkeypatch.setattr(demo.os, "geteuid", lambda: 0)
     assert demo.spec_profiles() == ["kpro6", "lumped"]
     args = argparse.Namespace(profile="h200x2", dry=True, driver=False)

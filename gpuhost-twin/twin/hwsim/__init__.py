@@ -20,9 +20,10 @@ vermagic equals the booted kernel's and whose .comment GCC release equals the on
 kernel (Debian revisions are ignored: 12.2.0-14 and 12.2.0-14+deb12u1 are one toolchain); nvidia
 also needs /lib/firmware/nvidia/<version>/gsp_*.bin. In-tree modules come from IN_TREE.
 
-Modules: machine (state, kernels, lock), modules (modprobe's kernel side), pci (sysfs PCI tree,
-binding), views (/proc, /sys, /dev as the kernel shows them), kofile (.ko files), catalog (tables),
-efivars (EFI variables, NVRAM), grubenv (GRUB's environment block).
+Modules: machine (state, kernels, lock), modules (modprobe's kernel side), modprobe_conf (what
+kmod reads: modprobe.d, the command line), pci (sysfs PCI tree, binding), views (/proc, /sys,
+/dev as the kernel shows them), rm (what the driver tells libcuda), kofile (.ko files), catalog
+(tables), efivars (EFI variables, NVRAM), grubenv (GRUB's environment block).
 """
 
 from __future__ import annotations

@@ -12,24 +12,26 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import sysfs_ctl
 from .catalog import BRIDGE_DRIVER
 from .kofile import norm
 from .machine import Machine, remove_tree
 
-if TYPE_CHECKING:
-    from . import Hw
-
 
 class PciBinding(Machine):
     """Driver binding per BDF (a part of Hw)."""
 
+    # What binding needs of KernelViews, the part of Hw that shows the state: declared here,
+    # defined there (Hw mixes both in).
+    nvidia_gpus: Callable[[], list[dict]]
+    write_views: Callable[[], None]
+
     def apply_writes(self) -> bool:
         """Apply pending writes to the sysfs control files (see _apply_sysfs_writes)."""
-        return _apply_sysfs_writes(self)  # type: ignore[arg-type]  # self is an Hw
+        return _apply_sysfs_writes(self)
 
     def fall_off_bus(self, bdf: str) -> None:
         """A fault: the function stops answering, so config reads return all ones (as after a
@@ -37,12 +39,12 @@ class PciBinding(Machine):
         lost = self.state.setdefault("config_lost", [])
         if bdf not in lost:
             lost.append(bdf)
-        write_config(self, bdf)  # type: ignore[arg-type]  # self is an Hw
+        write_config(self, bdf)
 
     def gpu_holders(self, bdf: str) -> list[int]:
         """Processes of the machine that hold this GPU's /dev/nvidiaN open (any node of major
         195 and its minor: a container's own node counts too), read through /proc/<pid>/fd."""
-        minor = next((g["minor"] for g in self.nvidia_gpus() if g["bdf"] == bdf), None)  # type: ignore[attr-defined]
+        minor = next((g["minor"] for g in self.nvidia_gpus() if g["bdf"] == bdf), None)
         if minor is None:
             return []
         wanted = os.makedev(195, minor)
@@ -144,7 +146,7 @@ def sysfs_path(devices: dict[str, dict], bdf: str) -> str:
     return f"sys/devices/pci{chain[0][:7]}/" + "/".join(chain)
 
 
-def layout_pci(hw: Hw) -> None:
+def layout_pci(hw: PciBinding) -> None:
     """Fresh PCI sysfs: device dirs, bus links, IOMMU groups; bridges bound to pcieport."""
     for tree in ("sys/bus/pci", "sys/kernel/iommu_groups"):
         remove_tree(hw.p(tree))
@@ -201,7 +203,7 @@ def layout_pci(hw: Hw) -> None:
         bindings[bdf] = BRIDGE_DRIVER if dev.get("driver") == BRIDGE_DRIVER else None
 
 
-def write_config(hw: Hw, bdf: str, devdir: Path | None = None) -> None:
+def write_config(hw: PciBinding, bdf: str, devdir: Path | None = None) -> None:
     """The function's config space header (type 0, little endian), or all ones when lost."""
     dev = hw.devices()[bdf]
     if devdir is None:
@@ -221,7 +223,7 @@ def write_config(hw: Hw, bdf: str, devdir: Path | None = None) -> None:
     (devdir / "config").write_bytes(data)
 
 
-def _apply_resets(hw: Hw) -> bool:
+def _apply_resets(hw: PciBinding) -> bool:
     """`echo 1 > devices/BDF/reset` (reset_store -> pci_reset_function): recorded in order with
     the driver bound at the time, for tests to see that a reset came before a probe."""
     changed = False
@@ -235,7 +237,7 @@ def _apply_resets(hw: Hw) -> bool:
     return changed
 
 
-def _apply_sysfs_writes(hw: Hw) -> bool:
+def _apply_sysfs_writes(hw: PciBinding) -> bool:
     """Apply what was written to the sysfs control files (bind/unbind/drivers_probe), in order.
 
     Nothing reacts to a write by itself: the boot, the shims and the supervisor's tick call
@@ -294,7 +296,7 @@ def _apply_sysfs_writes(hw: Hw) -> bool:
 # --- runtime rebinding through the driver control files (what qemu-server's SysFSTools writes) ---
 
 
-def _pci_match(hw: Hw, driver: str, bdf: str) -> bool:
+def _pci_match(hw: PciBinding, driver: str, bdf: str) -> bool:
     """pci_match_device: driver_override decides when set; else the driver's id tables
     (vfio-pci has only dynamic ids, from new_id)."""
     override = hw.driver_override(bdf)
@@ -308,7 +310,7 @@ def _pci_match(hw: Hw, driver: str, bdf: str) -> bool:
     return dev.get("driver") == driver
 
 
-def add_new_id(hw: Hw, driver: str, vendor: str, device: str) -> list[str] | None:
+def add_new_id(hw: PciBinding, driver: str, vendor: str, device: str) -> list[str] | None:
     """`echo "vvvv dddd" > drivers/<driver>/new_id` (new_id_store): add a dynamic id, then
     driver_attach() probes every device without a driver that now matches, so identical
     unbound boards are all taken. None when the id is there already (-EEXIST)."""
@@ -330,7 +332,7 @@ def add_new_id(hw: Hw, driver: str, vendor: str, device: str) -> list[str] | Non
     return bound
 
 
-def unbind_device(hw: Hw, bdf: str) -> str | None:
+def unbind_device(hw: PciBinding, bdf: str) -> str | None:
     """`echo BDF > devices/BDF/driver/unbind`: the device loses its driver (returned)."""
     bindings = hw.state.setdefault("bindings", {})
     driver = bindings.get(bdf)
@@ -339,7 +341,7 @@ def unbind_device(hw: Hw, bdf: str) -> str | None:
     return driver
 
 
-def bind_device(hw: Hw, driver: str, bdf: str) -> bool:
+def bind_device(hw: PciBinding, driver: str, bdf: str) -> bool:
     """`echo BDF > drivers/<driver>/bind` (bind_store): only a device without a driver that
     the driver matches; vfio-pci also needs an IOMMU group."""
     bindings = hw.state.setdefault("bindings", {})

@@ -23,15 +23,26 @@ fabric manager's call into the driver (the twin's `gpuhost-twin-fabric`, hwshim/
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from . import Hw
+from typing import Protocol
 
 RM_FILE = "proc/driver/gpuhost-twin-rm"
 
 
-def rm_text(hw: Hw) -> str | None:
+class DriverState(Protocol):
+    """What the RM file is written from (Hw has it all): the machine's state and profile, the
+    loaded modules, the GPUs nvidia drives, and each GPU's IOMMU domain type."""
+
+    state: dict
+    profile: dict
+
+    def loaded(self, name: str) -> bool: ...
+    def modules(self) -> dict[str, dict]: ...
+    def gpus(self) -> list[dict]: ...
+    def nvidia_gpus(self) -> list[dict]: ...
+    def group_type(self, bdf: str) -> str | None: ...
+
+
+def rm_text(hw: DriverState) -> str | None:
     """The RM file's text, or None while the nvidia module is not loaded."""
     if not hw.loaded("nvidia"):
         return None
@@ -57,7 +68,7 @@ def rm_text(hw: Hw) -> str | None:
     return "".join(line + "\n" for line in lines)
 
 
-def nvswitches(hw: Hw) -> list[str]:
+def nvswitches(hw: DriverState) -> list[str]:
     """BDFs of the board's NVSwitches: NVIDIA functions of PCI class 0680 ("other bridge")."""
     return [
         d["bdf"]
@@ -66,7 +77,7 @@ def nvswitches(hw: Hw) -> list[str]:
     ]
 
 
-def p2p_corrupts(hw: Hw, a: str, b: str) -> bool:
+def p2p_corrupts(hw: DriverState, a: str, b: str) -> bool:
     """SEV-SNP with both GPUs in translated (non-identity) IOMMU domains: P2P DMA between them
     silently corrupts data (docs/hazards.md); an identity domain or no SNP keeps it intact."""
     if not hw.state.get("sev_snp_active"):

@@ -44,8 +44,8 @@ from .usercfg import (  # noqa: F401  (access.X is the twin's API for these too)
     save,
 )
 
-# What a profiled twin grants its `root@pam!gpuhost` token (node.create): read everything, manage
-# VMs (config, power), and create/use PCI mappings. Neither gives the root-only rights.
+# What a profiled twin grants its `root@pam!gpuhost` token (lifecycle.create): read everything,
+# manage VMs (config, power), and create/use PCI mappings. Neither gives the root-only rights.
 GPUHOST_TOKEN_ACLS = (("/", "PVEAuditor"), ("/vms", "PVEVMAdmin"),
                       ("/mapping/pci", "PVEMappingAdmin"))  # fmt: skip
 TOKEN_CFG = "etc/pve/priv/token.cfg"

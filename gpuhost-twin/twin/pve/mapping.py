@@ -23,6 +23,7 @@ from pathlib import Path
 
 from . import access
 from . import config as cfg
+from .guest_state import file_lock
 from .schema import (
     FormatError,
     ParamError,
@@ -33,6 +34,7 @@ from .schema import (
     validate,
     verify_configid,
 )
+from .sysfstools import device_info
 
 PCI_CFG = "etc/pve/mapping/pci.cfg"
 _PCI = r"[a-f0-9]{4,}:[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?"
@@ -158,8 +160,6 @@ def find_on_node(root: Path, name: str, node: str) -> list[dict[str, str]] | Non
 
 def assert_valid(root: Path, name: str, entry: dict[str, str], cluster: Section | None) -> None:
     """Mapping::PCI::assert_valid: each path's device must still be what the map says."""
-    from .passthrough import device_info  # passthrough imports this module
-
     for idx, path in enumerate(entry.get("path", "").split(";")):
         if not re.search(r"\.[a-f0-9]$", path, re.I):
             path = f"{path}.0"  # whole device: its function 0 must exist
@@ -276,8 +276,6 @@ def api_create(root: Path, params: dict[str, object]) -> None:
     maps = _maps(params, required=True)
     values = _scalar(params, CREATE_SCHEMA)
     sid = values.pop("id")
-    from .guest_state import file_lock
-
     with file_lock(root, "mapping-pci"):
         sections = load(root)
         if sid in sections:
@@ -295,8 +293,6 @@ def api_update(root: Path, sid: str, params: dict[str, object]) -> None:
     values.pop("id")
     want_digest = values.pop("digest", None)
     deletes = split_list(values.pop("delete", ""))
-    from .guest_state import file_lock
-
     with file_lock(root, "mapping-pci"):
         sections = load(root)
         if want_digest and want_digest != digest(root):
@@ -329,8 +325,6 @@ def api_update(root: Path, sid: str, params: dict[str, object]) -> None:
 def api_delete(root: Path, sid: str) -> None:
     access.check(root, "/mapping/pci", ["Mapping.Modify"])
     verify_configid(sid)
-    from .guest_state import file_lock
-
     with file_lock(root, "mapping-pci"):
         sections = load(root)
         sections.pop(sid, None)

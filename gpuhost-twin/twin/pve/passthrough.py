@@ -1,25 +1,18 @@
 """PCI passthrough at VM start and stop, as qemu-server 8.4 does it (stdlib only).
 
 Sources: qemu-server PVE/QemuServer/PCI.pm (parse_hostpci, parse_hostpci_devices,
-choose_hostpci_devices, prepare_pci_device, reserve_pci_usage, remove_pci_reservation),
-PVE/QemuServer.pm (vm_start_nolock, cleanup_pci_devices) and pve-common PVE/SysFSTools.pm
-(lspci, pci_device_info, check_iommu_support, pci_dev_bind_to_vfio,
-pci_dev_group_bind_to_vfio). What start does to the host, in order:
+choose_hostpci_devices, prepare_pci_device, reserve_pci_usage, remove_pci_reservation) and
+PVE/QemuServer.pm (vm_start_nolock, cleanup_pci_devices); what they ask of sysfs is
+sysfstools.py. What start does to the host, in order:
   1. parse every hostpciN: `mapping=` is resolved for this node from /etc/pve/mapping/pci.cfg and
      checked against the live device (mapping.assert_valid); each id must exist in sysfs; pcie=1
      needs a q35 machine (the die without newline gets Perl's " at ... line 501." suffix);
   2. reserve every function in /run/qemu-server/pci-id-reservations ("PCI device 'X' already in
      use by VMID 'N'" while that VM runs);
   3. per function: "cannot prepare PCI pass-through, IOMMU not present" unless the IOMMU is on;
-     then the whole IOMMU group (bridges skipped) goes to vfio-pci: write "vendor device" to
-     vfio-pci/new_id (the kernel then probes EVERY unbound device with that id: identical
-     boards that have no driver are captured too), unbind the function from its driver, bind it
-     to vfio-pci. qemu-server never gives a device back to its old driver at stop.
-A function the nvidia driver holds open (a running container with its /dev/nvidiaN node, or
-nvidia-persistenced) cannot be unbound cleanly: nv_pci_remove() logs "NVRM: Attempting to remove
-device ... with non-zero usage count!" and waits until the users close it, so the write to
-`unbind` blocks and the start task stays `running` until the holder goes away (the twin gives
-up after UNBIND_WAIT_S and fails the task, where a real host would hang on).
+     then the whole IOMMU group (bridges skipped) goes to vfio-pci (sysfstools.py: new_id,
+     unbind, bind; an unbind from nvidia waits while the GPU is held open). qemu-server never
+     gives a device back to its old driver at stop.
 The twin's VM does not run QEMU: after these steps it is recorded as running (state only).
 """
 
@@ -35,31 +28,21 @@ from pathlib import Path
 from . import config as cfg
 from . import mapping
 from . import options as opts
-from .guest_state import is_running, running_state
+from .guest_state import running_state
 from .schema import FormatError, PveError, parse_property_string
-from .tasks import _alive
+from .sysfstools import (
+    PCIRE,
+    PciDev,
+    bind_group_to_vfio,
+    device_info,
+    iommu_present,
+    lspci,
+    simulation,
+)
 
-PCIRE = r"[a-f0-9]{4,}:[a-f0-9]{2}:[a-f0-9]{2}\.[a-f0-9]"
 RESERVATIONS = "run/qemu-server/pci-id-reservations"
 PCI_PM = "/usr/share/perl5/PVE/QemuServer/PCI.pm"
-UNBIND_WAIT_S = float(os.environ.get("TWIN_UNBIND_WAIT_S", "600"))
 MAX_HOSTPCI = 16
-
-
-def _hwsim():  # type: ignore[no-untyped-def]
-    """The hardware simulation: `twin.hwsim` outside the twin, `hwsim` inside it."""
-    try:
-        from twin import hwsim  # type: ignore[import-not-found]
-    except ImportError:
-        import hwsim  # type: ignore[import-not-found,no-redef]
-    return hwsim
-
-
-@dataclass
-class PciDev:
-    id: str  # full BDF, 0000:41:00.0
-    vendor: str  # 0x10de
-    device: str
 
 
 @dataclass
@@ -68,52 +51,6 @@ class HostPci:
     values: dict[str, str]
     alternatives: list[list[PciDev]] = field(default_factory=list)
     ids: list[PciDev] = field(default_factory=list)  # the chosen alternative
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().splitlines()[0].strip()
-    except (FileNotFoundError, IndexError, NotADirectoryError):
-        return None
-
-
-def lspci(root: Path, filt: str) -> list[PciDev]:
-    """SysFSTools::lspci with a string filter: ids starting with it (domain optional)."""
-    devices = root / "sys/bus/pci/devices"
-    found = []
-    for entry in sorted(devices.iterdir()) if devices.is_dir() else []:
-        if not re.fullmatch(PCIRE, entry.name):
-            continue
-        if not re.match(rf"(0000:)?{re.escape(filt)}", entry.name):
-            continue
-        found.append(
-            PciDev(entry.name, _read(entry / "vendor") or "", _read(entry / "device") or "")
-        )
-    return found
-
-
-def device_info(root: Path, bdf: str) -> dict[str, object] | None:
-    """SysFSTools::pci_device_info($name, 1): None unless irq, vendor and device read."""
-    if not re.fullmatch(PCIRE, bdf):
-        return None
-    d = root / "sys/bus/pci/devices" / bdf
-    irq, vendor, device = _read(d / "irq"), _read(d / "vendor"), _read(d / "device")
-    if irq is None or not irq.isdigit() or not vendor or not device:
-        return None
-    if not vendor.startswith("0x") or not device.startswith("0x"):
-        return None
-    info: dict[str, object] = {"name": bdf, "vendor": vendor[2:], "device": device[2:]}
-    for key in ("subsystem_vendor", "subsystem_device"):
-        value = _read(d / key)
-        if value is not None:
-            info[key] = value.removeprefix("0x")
-    group = d / "iommu_group"
-    if group.is_symlink():
-        m = re.search(r"/(\d+)$", os.readlink(group))
-        if m:
-            info["iommugroup"] = int(m.group(1))
-    info["mdev"] = (d / "mdev_supported_types").is_dir() or (d / "nvidia").is_dir()
-    return info
 
 
 def parse_hostpci(root: Path, opt: str, value: str) -> HostPci:
@@ -212,7 +149,7 @@ def _vm_pid(root: Path, vmid: int) -> int | None:
 def reserve(root: Path, ids: list[str], vmid: int, timeout: int | None, pid: int | None,
             warn: Callable[[str], None]) -> None:  # fmt: skip
     """reserve_pci_usage: a time-limited reservation before start, the PID once running."""
-    with _hwsim().locked(root):
+    with simulation().locked(root):
         res = _reservations(root)
         now = int(time.time())
         for pciid in ids:
@@ -236,128 +173,9 @@ def reserve(root: Path, ids: list[str], vmid: int, timeout: int | None, pid: int
 
 def remove_reservation(root: Path, vmid: int) -> None:
     """cleanup_pci_devices → remove_pci_reservation($vmid): at stop, or when start failed."""
-    with _hwsim().locked(root):
+    with simulation().locked(root):
         res = _reservations(root)
         _write_reservations(root, {k: v for k, v in res.items() if v["vmid"] != vmid})
-
-
-# --- binding to vfio-pci (SysFSTools pci_dev_group_bind_to_vfio / pci_dev_bind_to_vfio) ---
-
-
-def holders(root: Path, bdf: str) -> list[str]:
-    """Who keeps an nvidia-bound GPU open: running containers granted its /dev/nvidiaN node
-    (devN or a bind mount entry), and a running nvidia-persistenced (it opens every GPU)."""
-    hw = _hwsim().Hw(root)
-    minor = next((g["minor"] for g in hw.nvidia_gpus() if g["bdf"] == bdf), None)
-    if minor is None:
-        return []
-    node = f"/dev/nvidia{minor}"
-    found = []
-    for ctid in cfg.guest_ids(root, "lxc"):
-        if not is_running(root, "lxc", ctid):
-            continue
-        try:
-            conf = cfg.load_config(root, "lxc", ctid).main
-        except PveError:
-            continue
-        devs = [v.split(",")[0].removeprefix("path=") for k, v in conf.values.items()
-                if re.fullmatch(r"dev\d+", k)]  # fmt: skip
-        mounts = [v.split()[0] for k, v in conf.lxc if k == "lxc.mount.entry" and v.split()]
-        if node in devs or node in mounts:
-            found.append(f"CT {ctid}")
-    pidfile = root / "var/run/nvidia-persistenced/nvidia-persistenced.pid"
-    pid = _read(pidfile)
-    if pid and pid.isdigit() and _alive(int(pid)):
-        found.append("nvidia-persistenced")
-    return found
-
-    return True
-
-
-def bind_group_to_vfio(root: Path, bdf: str, log: Callable[[str], None]) -> None:
-    """pci_dev_group_bind_to_vfio: every non-bridge device of the group goes to vfio-pci."""
-    hwsim = _hwsim()
-    with hwsim.locked(root):
-        hw = hwsim.Hw(root)
-        if not hw.loaded("vfio_pci"):  # system("/sbin/modprobe vfio-pci")
-            hw.load("vfio_pci")
-            hw.write_views()
-            hw.save()
-        if not hw.loaded("vfio_pci"):
-            raise PveError("Cannot find vfio-pci module!")
-    group = root / "sys/bus/pci/devices" / bdf / "iommu_group/devices"
-    if not group.is_dir():
-        raise PveError("Cannot open iommu_group: No such file or directory")
-    for member in sorted(p.name for p in group.iterdir()):
-        devices = _hwsim().Hw(root).devices()
-        if devices.get(member, {}).get("class", "").startswith("0604"):
-            continue  # bridges and root ports (they have a pci_bus dir) are skipped
-        if not _bind_to_vfio(root, member, log):
-            raise PveError(f"Cannot bind {member} to vfio")
-
-
-def _bind_to_vfio(root: Path, bdf: str, log: Callable[[str], None]) -> bool:
-    """pci_dev_bind_to_vfio: new_id, unbind from the current driver, bind to vfio-pci."""
-    hwsim = _hwsim()
-    info = device_info(root, bdf)
-    if info is None:
-        return False
-    with hwsim.locked(root):
-        hw = hwsim.Hw(root)
-        if hw.state.get("bindings", {}).get(bdf) == "vfio-pci":
-            return True
-        captured = hwsim.add_new_id(hw, "vfio-pci", str(info["vendor"]), str(info["device"]))
-        for other in captured or []:
-            hw.klog(f"vfio-pci {other}: bound by new_id {info['vendor']} {info['device']}")
-        driver = hw.state.get("bindings", {}).get(bdf)
-        _commit(hw)
-    if driver == "nvidia":
-        _wait_for_release(root, bdf, log)
-    with hwsim.locked(root):
-        hw = hwsim.Hw(root)
-        if hw.state.get("bindings", {}).get(bdf) not in (None, "vfio-pci"):
-            hwsim.unbind_device(hw, bdf)
-        ok = hw.state["bindings"].get(bdf) == "vfio-pci" or hwsim.bind_device(hw, "vfio-pci", bdf)
-        _commit(hw)
-    return ok
-
-
-def _commit(hw: object) -> None:
-    hw.write_views()  # type: ignore[attr-defined]
-    hw.save()  # type: ignore[attr-defined]
-
-
-def _wait_for_release(root: Path, bdf: str, log: Callable[[str], None]) -> None:
-    """nv_pci_remove with a non-zero usage count: wait (0.5 s steps) until nobody holds it."""
-    held = holders(root, bdf)
-    if not held:
-        return
-    hwsim = _hwsim()
-    with hwsim.locked(root):
-        hw = hwsim.Hw(root)
-        hw.klog(f"NVRM: Attempting to remove device {bdf} with non-zero usage count!")
-        hw.save()
-    log(f"twin: unbinding {bdf} from nvidia waits for {', '.join(held)}")
-    deadline = time.monotonic() + UNBIND_WAIT_S
-    while holders(root, bdf):
-        if time.monotonic() > deadline:
-            raise PveError(
-                f"twin: unbinding {bdf} from nvidia still blocked after {UNBIND_WAIT_S:g} s "
-                f"(held by {', '.join(holders(root, bdf))}); a real host would hang here"
-            )
-        time.sleep(0.5)
-
-
-def iommu_present(root: Path) -> bool:
-    """check_iommu_support: /sys/class/iommu/ populated; the twin's state says whether the
-    booted kernel enabled the IOMMU."""
-    entries = root / "sys/class/iommu"
-    if entries.is_dir() and any(not p.name.startswith(".") for p in entries.iterdir()):
-        return True
-    try:
-        return bool(_hwsim().Hw(root).state.get("iommu"))
-    except (FileNotFoundError, ValueError):
-        return False
 
 
 def start_devices(root: Path, vmid: int, values: dict[str, str],
