@@ -27,7 +27,6 @@ from deploys.guests import start_guests, stop_guests
 from deploys.ops import mark_pending, write_command, write_file
 from deploys.ops import step as _step
 from deploys.reboot import read_fact, wait_for_boot
-from gpuhost.audit.gate import run_gate
 from gpuhost.observe.files import BootId
 from gpuhost.plan.guests.power import GuestPower
 from gpuhost.plan.make import Plan
@@ -184,6 +183,10 @@ def _gate_and_commit(
     # compare them: /proc/cmdline (boot.cmdline) shows the entry booted the planned line.
     skip = ("boot.loader",) if trial.entry_options is not None else ()
     skip += _not_this_runs(plan)
+    # The audit (its checks and their observers) loads only for a run that gates a trial boot,
+    # not for every run.
+    from gpuhost.audit.gate import run_gate
+
     gate = run_gate(host.name, spec, runner, host.data.get(SOURCE_KEY), skip=skip)
     problems += list(gate.failed)
     if not problems:

@@ -13,6 +13,7 @@ the run's reboot) and started after, so its entries apply at that start.
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING
 
 from pyinfra import host, logger
 from pyinfra.api import OperationError, operation
@@ -23,13 +24,16 @@ from gpuhost.observe.proxmox import MAPPINGS_FILE, parse_pci_mappings
 from gpuhost.plan.guests.mappings import refresh_command
 from gpuhost.plan.guests.vms import MAPPING_PREFIX, PciMapping, VmGpus
 from gpuhost.plan.make import Plan
-from gpuhost.pve import api as pveapi
 from gpuhost.pve.backup import backup_command
+from gpuhost.pve.token import ApiTokenError
 from gpuhost.spec.inventory import SPEC_KEY
+
+if TYPE_CHECKING:
+    from gpuhost.pve.api import PveApi
 
 CA_FILE = "/etc/pve/pve-root-ca.pem"
 
-_apis: dict[int, pveapi.PveApi] = {}
+_apis: dict[int, PveApi] = {}
 
 
 def node_name() -> str | None:
@@ -39,8 +43,12 @@ def node_name() -> str | None:
     return link.removeprefix("nodes/") or None
 
 
-def api() -> pveapi.PveApi:
+def api() -> PveApi:
     """The host's API connection, made once per run at execution (never at --dry)."""
+    # The API client (requests, proxmoxer) is loaded by the first run that calls the API, not
+    # by every run: a converged re-run never does.
+    from gpuhost.pve import api as pveapi
+
     key = id(host)
     if key not in _apis:
         spec = host.data.get(SPEC_KEY).proxmox
@@ -49,15 +57,17 @@ def api() -> pveapi.PveApi:
         address = host.data.get("ssh_hostname") or host.name
         try:
             _apis[key] = pveapi.connect(spec, address, ca)
-        except (pveapi.PveApiError, pveapi.ApiTokenError) as exc:
+        except (pveapi.PveApiError, ApiTokenError) as exc:
             raise OperationError(f"Proxmox API: {exc}") from None
     return _apis[key]
 
 
 def _call(method: str, path: str, **params) -> object:
+    from gpuhost.pve.api import PveApiError  # loaded by api() already
+
     try:
         return api().call(method, path, **params)
-    except pveapi.PveApiError as exc:
+    except PveApiError as exc:
         raise OperationError(str(exc)) from None
 
 

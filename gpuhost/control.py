@@ -19,7 +19,7 @@ from gpuhost.build.kernelstore import KernelStoreError, stored_key
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.plan.driver.modules import MODULES_KIND, plan_driver_modules
 from gpuhost.plan.preconditions import ControlFacts, kernel_from_store
-from gpuhost.pve.api import ApiTokenError, read_token
+from gpuhost.pve.token import ApiTokenError, read_token
 from gpuhost.spec.host import HostSpec
 
 

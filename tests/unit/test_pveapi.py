@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.pve.api import ApiTokenError, read_token
+from gpuhost.pve.token import ApiTokenError, read_token
 from gpuhost.spec.proxmox import ProxmoxApiSpec
 
 SECRET = "0b5e9a4c-1f2d-4e6a-9c3b-7d8e1f2a3b4c"
