@@ -112,6 +112,34 @@ def managed_file(item: ManagedFile, follow_ups: list[FollowUp] | None = None):
     yield write_command(item, mark)
 
 
+def as_planned(item: ManagedFile) -> bool:
+    """Whether the host held ``item`` as planned when the run started: its content (and no
+    link), its link, or its absence. Exactly the cases where :func:`managed_file` yields nothing
+    (tests/unit/test_operations.py holds them to that)."""
+    managed = observed(host).managed
+    if managed is None:
+        return False  # managed_file stops with the reason
+    current, link = managed.files.get(item.path), managed.links.get(item.path)
+    if item.link is not None:
+        return link == item.link
+    if item.content is None:
+        return current is None and link is None
+    return current == item.content and link is None
+
+
+@operation()
+def files_as_planned(paths: list[str]):
+    """
+    Report the files of one concern that the host already holds as planned, in one operation:
+    pyinfra inspects the call stack for every operation, and a converged run would otherwise
+    pay that once per file. A file that must change gets its own :func:`managed_file`.
+
+    + paths: the files, each as planned when the run started (:func:`as_planned`)
+    """
+    host.noop(f"{len(paths)} file(s) as planned: {', '.join(paths)}")
+    yield from ()
+
+
 def write_file(path: str, text: str) -> str:
     """Write a short text file (gpuhost's records) atomically: a temporary file renamed over
     the path, so a run killed in between leaves the old record or the new one, never half."""
@@ -198,8 +226,12 @@ def apply_files(
     """
     step = next(f for f in plan.follow_ups if f.name == step_name)
     concerns = (concern,) if isinstance(concern, str) else concern
-    for item in plan.files.values():
-        if item.concern in concerns:
+    items = [item for item in plan.files.values() if item.concern in concerns]
+    settled = [item.path for item in items if as_planned(item)]
+    if settled:
+        files_as_planned(name=f"{label}: {len(settled)} file(s) as planned", paths=settled)
+    for item in items:
+        if item.path not in settled:
             steps = [step] if item.path in step.triggers else []
             managed_file(name=f"{label}: {item.path}", item=item, follow_ups=steps)
     if run_step:

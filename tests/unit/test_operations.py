@@ -118,6 +118,7 @@ def _args(op: str, case: dict[str, Any]) -> dict[str, Any]:
 
 OPERATIONS = {
     "ops.managed_file": ops.managed_file,
+    "ops.files_as_planned": ops.files_as_planned,
     "ops.follow_up": ops.follow_up,
     "reboot.pin_kernel": reboot.pin_kernel,
     "reboot.reboot_and_confirm": reboot.reboot_and_confirm,
@@ -151,8 +152,28 @@ def test_operation(path: Path) -> None:
         assert fake.noops == []
 
 
+REPORT_ONLY = {"ops.files_as_planned"}  # reports files that need nothing; never changes any
+
+
 def test_every_operation_has_noop_and_change_cases() -> None:
     for op in OPERATIONS:
         cases = [json.loads(p.read_text()) for p in CASES.glob(f"{op}/*.json")]
         assert any("noop_description" in c for c in cases), op
-        assert any(c.get("commands") for c in cases), op
+        assert any(c.get("commands") for c in cases) or op in REPORT_ONLY, op
+
+
+MANAGED_FILE_CASES = sorted((CASES / "ops.managed_file").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", MANAGED_FILE_CASES, ids=[p.stem for p in MANAGED_FILE_CASES])
+def test_as_planned_is_exactly_a_managed_file_noop(path: Path) -> None:
+    """apply_files gives settled files one operation per concern (files_as_planned): a file it
+    counts as planned must be one that managed_file would leave alone, and no other."""
+    case = json.loads(path.read_text())
+    if "exception" in case:
+        pytest.skip("managed_file stops here; apply_files never gets so far")
+    fake = FakeHost(case.get("files", {}))
+    context._observed.clear()
+    with ctx_host.use(fake), ctx_state.use(fake.state):
+        args = _args("ops.managed_file", case)
+        assert ops.as_planned(args["item"]) == (case["commands"] == [])
