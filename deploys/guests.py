@@ -65,19 +65,38 @@ def stop_guests(power: GuestPower, timeout: int = 180):
     )
 
 
+def pve_guests_settled(limit: int) -> str:
+    """Wait until pve-guests.service has started the onboot guests. After a boot systemd shows
+    it "activating" until its ExecStartPre steps (gpuhost's trial hold among them) and its
+    startall are over (pve-manager services/pve-guests.service: Type=oneshot,
+    RemainAfterExit=yes). A run that goes on earlier races Proxmox: an onboot container the
+    run stops to give it its device entries can be started again behind its back."""
+    state = "systemctl show -p ActiveState --value pve-guests.service"
+    return (
+        f'i=0; while [ "$({state})" = activating ]; do i=$((i+1)); '
+        f"if [ $i -ge {int(limit)} ]; then echo 'pve-guests.service is still starting the "
+        f"onboot guests after {int(limit)} s' >&2; exit 1; fi; sleep 1; done"
+    )
+
+
 @operation(is_idempotent=False)
-def start_guests(power: GuestPower, wait: int = 120):
+def start_guests(power: GuestPower, wait: int = 120, after_boot: bool = False, settle: int = 900):
     """
     Start the recorded guests in startup order, wait until each runs, remove the record.
 
     + power: the Plan's (``guest_power`` or ``moving_guests``): the guests to bring back
     + wait: seconds each guest may take to show as running
+    + after_boot: this run booted the host: first let pve-guests.service finish its own start
+      of the onboot guests (:func:`pve_guests_settled`)
+    + settle: seconds that start may take
     """
     had_record = RECORD in (observed(host).managed.files if observed(host).managed else {})
+    if after_boot:
+        yield pve_guests_settled(settle)
     if not power.start:
         if had_record:
             yield f"rm -f {shlex.quote(RECORD)}"  # the recorded guests no longer exist
-        else:
+        elif not after_boot:
             host.noop("no guest to bring back")
         return
     logger.info(f"{host.print_prefix}starting {', '.join(g.word for g in power.start)}")

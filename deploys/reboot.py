@@ -208,4 +208,8 @@ def reboot_if_needed(plan: Plan) -> None:
         timeout=int(host.data.get("gpuhost_reboot_timeout", 600)),
         guests=guests,
     )
-    start_guests(name="Bring back the guests that ran before the reboot", power=guests)
+    start_guests(
+        name="Bring back the guests that ran before the reboot",
+        power=guests,
+        after_boot=plan.rebooting,
+    )

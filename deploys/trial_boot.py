@@ -296,4 +296,6 @@ def trial(plan: Plan) -> None:
         timeout=int(host.data.get("gpuhost_reboot_timeout", 900)),
         guests=guests,
     )
-    start_guests(name="Bring back the guests that ran before the trial boot", power=guests)
+    start_guests(
+        name="Bring back the guests that ran before the trial boot", power=guests, after_boot=True
+    )

@@ -112,9 +112,10 @@ class Supervisor:
         activating (TimeoutSec=infinity): a thread waits for it and queues the start as a
         request, so it runs between other requests. A reboot kills the pre-step (it runs in the
         twin) and with it that start; a failed pre-step fails the unit: no guest starts."""
+        self._pve_guests_activating(True)
         pre = units.drop_in_exec_start_pre(self.root, "pve-guests.service")
         if not pre:
-            guests.start_onboot(self.twin)
+            self._start_onboot()
             return
         script = "\n".join(
             f"{{ {line.lstrip('-@+!:')}\n}} || :"
@@ -140,14 +141,35 @@ class Supervisor:
             log("pve-guests: waiting for its ExecStartPre")
             return
         if rc == 0:
-            guests.start_onboot(self.twin)
+            self._start_onboot()
         else:
+            self._pve_guests_activating(False)
             log(f"pve-guests: ExecStartPre failed ({rc}): no guest started")
+
+    def _start_onboot(self) -> None:
+        try:
+            guests.start_onboot(self.twin)
+        finally:
+            self._pve_guests_activating(False)
+
+    def _pve_guests_activating(self, on: bool) -> None:
+        """pve-guests.service is Type=oneshot with RemainAfterExit=yes (pve-manager
+        services/pve-guests.service): systemd shows it "activating" from its ExecStartPre steps
+        until its ExecStart, the startall of the onboot guests, has returned; the twin's
+        systemctl reads this mark (shims/systemctl active_state). /run goes with the boot."""
+        mark = self.root / RUN / "systemd" / "pve-guests.service.activating"
+        if on:
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.touch()
+        else:
+            mark.unlink(missing_ok=True)
 
     def _start_guests_after(self, proc: subprocess.Popen[bytes], boot_id: str) -> None:
         rc = proc.wait()
         boot = self.root / "proc/sys/kernel/random/boot_id"
         if rc != 0 or self.stopping.is_set() or not boot.exists() or boot.read_text() != boot_id:
+            if boot.exists() and boot.read_text() == boot_id:
+                self._pve_guests_activating(False)
             log(f"pve-guests: ExecStartPre ended ({rc}); no guest started by it")
             return
         request = self.requests / f"pve-guests-{uuid.uuid4()}.json"
@@ -223,7 +245,7 @@ class Supervisor:
             self.reboot()
             return None  # the requester's session is gone; nobody reads an answer
         if op == "onboot":  # pve-guests' startall, after its ExecStartPre let it go on
-            guests.start_onboot(self.twin)
+            self._start_onboot()
             return None
         if op in ("ct-start", "ct-stop", "ct-status", "ct-exec", "ct-push", "ct-hotplug-dev"):
             try:

@@ -26,6 +26,12 @@ from twin.pytest_plugin import PVE_DIRS
 
 RECORD = "var/lib/gpuhost/trial"
 HELD = "the onboot guests start once gpuhost has committed it"  # files/gpuhost-trial-hold
+
+
+def pve_guests_state(twin) -> str:
+    return twin.run("systemctl show -p ActiveState --value pve-guests.service")[1].strip()
+
+
 HUNG = "run/gpuhost-test-hung"
 SYSTEMCTL = "usr/local/bin/systemctl"  # the twin's shim
 
@@ -91,9 +97,15 @@ def test_killed_after_the_trial_reboot_before_the_gate(fresh, tmp_path):
     log = twin.twin.dir / "pve-guests.log"
     assert wait_for(lambda: log.exists() and HELD in log.read_text()), "pve-guests did not wait"
     assert ct_status(twin, 300) == "stopped"
+    # systemd shows the oneshot unit starting until its startall is over: what a run that
+    # booted waits for before its own guest starts and stops (deploys/guests.py)
+    assert pve_guests_state(twin) == "activating"
     converges(twin, inv)
     assert [a["kernel"] for a in boot_attempts(twin)] == [NEW]  # no second reboot to get there
     assert wait_for(lambda: ct_status(twin, 300) == "running")  # the commit let it start
+    # its start is over (real systemd then shows "active"; the twin, which has no unit file for
+    # it, "inactive"): what the run waited for
+    assert wait_for(lambda: pve_guests_state(twin) != "activating")
 
 
 def test_killed_after_the_oneshot_before_the_reboot(fresh, tmp_path):

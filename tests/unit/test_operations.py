@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from pyinfra.context import ctx_host, ctx_state
 
-from deploys import context, ops, reboot
+from deploys import context, guests, ops, reboot
+from gpuhost.plan.guests.power import Guest, GuestPower
 from gpuhost.plan.make import Plan
 from gpuhost.plan.model import HOST, FollowUp, ManagedFile, Reason
 
@@ -177,3 +178,22 @@ def test_as_planned_is_exactly_a_managed_file_noop(path: Path) -> None:
     with ctx_host.use(fake), ctx_state.use(fake.state):
         args = _args("ops.managed_file", case)
         assert ops.as_planned(args["item"]) == (case["commands"] == [])
+
+
+def test_a_run_that_booted_lets_pve_guests_start_the_onboot_guests_first() -> None:
+    """After a boot, Proxmox's pve-guests.service starts the onboot guests on its own; the run
+    waits for that before its guest steps, or a container it stops next (to restart it with
+    its device entries) can be started again behind its back."""
+    fake = FakeHost({})
+    ct = Guest("lxc", 200, onboot=True)
+    context._observed.clear()
+    with ctx_host.use(fake), ctx_state.use(fake.state):
+        booted = list(guests.start_guests._inner(power=GuestPower([], [], ""), after_boot=True))
+        moved = list(guests.start_guests._inner(power=GuestPower([], [], "")))
+        back = list(guests.start_guests._inner(power=GuestPower([ct], [ct], "x"), after_boot=True))
+    settle = guests.pve_guests_settled(900)
+    assert booted == [settle]
+    assert "systemctl show -p ActiveState --value pve-guests.service" in settle
+    assert "activating" in settle and "exit 1" in settle  # bounded, and says why it stopped
+    assert moved == [] and fake.noops == ["no guest to bring back"]
+    assert back[0] == settle and any("startall" in str(c) for c in back[1:])
