@@ -17,7 +17,6 @@ in-process: no SSH round trip on every pyinfra run).
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -148,12 +147,4 @@ def _release(twin: node.Twin) -> str:
 
 
 def _ssh(twin: node.Twin, command: str) -> None:
-    run = subprocess.run(
-        ["ssh", "-F", str(node.ssh_config()), f"root@{twin.address}", command],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if run.returncode != 0:
-        raise TwinError(f"{twin.name}: creating its guests failed: {run.stderr.strip()}")
-    print(run.stdout, end="", file=sys.stderr)
+    print(twin_driver.ssh(twin, command, timeout=120), end="", file=sys.stderr)

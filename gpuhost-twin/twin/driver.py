@@ -18,12 +18,12 @@ from twin.errors import TwinError
 from twin.modbuild import ModuleCache
 
 
-def ssh(twin: node.Twin, command: str) -> str:
+def ssh(twin: node.Twin, command: str, timeout: int = 60) -> str:
     run = subprocess.run(
         ["ssh", "-F", str(node.ssh_config()), f"root@{twin.address}", command],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
     if run.returncode != 0:
         raise TwinError(f"{twin.name}: {command!r} failed: {run.stderr.strip()}")

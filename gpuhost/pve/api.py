@@ -1,8 +1,7 @@
-"""The host's Proxmox API through proxmoxer: the API token, a verified TLS connection, tasks.
+"""The host's Proxmox API through proxmoxer: a verified TLS connection with the API token
+(read by gpuhost/pve/token.py, never printed), the calls, tasks.
 
-The token comes from the environment or a 0600 file on the control machine (the spec names
-which, gpuhost/spec/proxmox.py), never from the inventory text, and is never printed: errors
-name the variable or file and the fix, not the value. TLS is verified against the cluster CA
+TLS is verified against the cluster CA
 (/etc/pve/pve-root-ca.pem) as read over the deploy's SSH connection, whose host key is checked,
 so the API is trusted exactly as far as SSH is, without the user copying certificates around.
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from gpuhost.plan.make import Plan, make_plan
 from tests.unit.hosts import kpro6, kpro6_raw
-from tests.unit.test_plan import KPRO6, files, host, lxc
+from tests.unit.test_plan import KPRO6, host, lxc
+from tests.unit.test_plan_boot import files
 
 CONFIGS = [
     "==> /etc/pve/lxc/101.conf <==",
