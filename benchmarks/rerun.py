@@ -65,9 +65,17 @@ def guests(twin: node.Twin) -> None:
 
 
 def ssh(twin: node.Twin, command: str) -> None:
-    subprocess.run(
-        ["ssh", "-F", str(node.ssh_config()), twin.address, command], check=True, timeout=60
-    )
+    ssh_output(twin, command)
+
+
+def ssh_output(twin: node.Twin, command: str) -> str:
+    return subprocess.run(
+        ["ssh", "-F", str(node.ssh_config()), twin.address, command],
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 def stop_developer_twins() -> None:

@@ -21,6 +21,7 @@ from deploys import (
     driver,
     kernel,
     modules,
+    ops,
     reboot,
     rollout,
     split,
@@ -31,6 +32,8 @@ from deploys import (
 )
 from gpuhost.plan.trial.state import Step
 from gpuhost.spec.inventory import GUEST_KEY
+
+ops.register_deploy_file(__file__)  # pyinfra execs this file: see the function
 
 
 def provision() -> None:

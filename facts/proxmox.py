@@ -23,7 +23,3 @@ class PveGuestConfigs(
     Fact, proxmox.PveGuestConfigs, FactBase[dict[tuple[str, int], proxmox.GuestConfig]]
 ):
     """:class:`gpuhost.observe.proxmox.PveGuestConfigs` as a pyinfra fact."""
-
-
-class GuestStatuses(Fact, proxmox.GuestStatuses, FactBase[dict[tuple[str, int], str]]):
-    """:class:`gpuhost.observe.proxmox.GuestStatuses` as a pyinfra fact."""

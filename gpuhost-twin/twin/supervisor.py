@@ -28,6 +28,7 @@ from typing import Any
 
 from twin import guests, mounts, node, processes, procview, units
 from twin.errors import TwinError
+from twin.pve import guest_state
 
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/local/sbin:/sbin") or "/usr/sbin/sshd"
 RUN = "run/gpuhost-twin"
@@ -56,6 +57,7 @@ class Supervisor:
             boot_id = self.root / "proc/sys/kernel/random/boot_id"
             old_id = boot_id.read_text() if boot_id.exists() else ""
             mounts.mount_volatile(self.root)
+            guest_state.forget_kernel_view(self.root)
             self.requests.mkdir(parents=True)
             self.seen.clear()
             uptime = self.root / "proc/uptime"

@@ -18,6 +18,7 @@ from gpuhost.observe.boot import BootPath, BootPathInfo
 from gpuhost.observe.compilers import CompilerInventory, KernelCompilers
 from gpuhost.observe.containers import PackageVersion, PveContainerVersion
 from gpuhost.observe.files import BootId, ConfigFiles, ManagedFiles
+from gpuhost.observe.guest_status import GuestStatuses
 from gpuhost.observe.kernel import (
     CharDevices,
     CpuVendor,
@@ -40,7 +41,6 @@ from gpuhost.observe.proxmox import (
     BootTool,
     BootToolStatus,
     GuestConfig,
-    GuestStatuses,
     PveGuestConfigs,
 )
 from gpuhost.observe.release import HostRelease, HostReleaseFact

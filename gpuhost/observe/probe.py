@@ -15,6 +15,9 @@ class Probe(Generic[T]):
     # The binary the command needs; where it is absent the probe's value is ``default()``
     # (the way pyinfra treats a fact's ``requires_command``).
     requires_command: str | None = None
+    # Commands the probe ran before its current one: captures made with them still parse
+    # (tests/unit/test_fact_captures.py accepts a capture's .cmd if it is one of them).
+    earlier_commands: tuple[str, ...] = ()
 
     @staticmethod
     def default() -> T:  # type: ignore[misc]

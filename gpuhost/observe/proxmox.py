@@ -218,63 +218,6 @@ class PveGuestConfigs(Probe[dict[tuple[str, int], GuestConfig]]):
         return parse_pve_configs(output)
 
 
-# --- pct list / qm list: which guests run now -----------------------------------------------------
-
-_LIST_HEADERS = {"lxc": ("VMID", "Status"), "qemu": ("VMID", "NAME")}
-_LIST_MARK = re.compile(r"^==> (?P<kind>lxc|qemu) <==$")
-
-
-def parse_guest_lists(lines: list[str]) -> dict[tuple[str, int], str]:
-    """``{("lxc", 101): "running", ("qemu", 100): "stopped"}`` from `pct list` and `qm list`
-    behind ``==> lxc <==`` / ``==> qemu <==`` marks (docs/reference/formats.md §2, §3).
-
-    Rows are split on whitespace, not cut at the printf widths: a name wider than its column
-    pushes the rest right. `pct list`: VMID Status [Lock] [Name], so the status is the second
-    word. `qm list`: VMID NAME STATUS MEM BOOTDISK PID; the name is a DNS name (no spaces), so
-    the status is third, or second in a 5-word row of a VM without a name.
-    """
-    statuses: dict[tuple[str, int], str] = {}
-    kind: str | None = None
-    for line in lines:
-        mark = _LIST_MARK.match(line)
-        if mark:
-            kind = mark["kind"]
-            continue
-        words = line.split()
-        if not words:
-            continue
-        if kind is None:
-            raise UnparsedOutput("pct/qm list", line, "line before any list mark")
-        if tuple(words[:2]) == _LIST_HEADERS[kind]:
-            continue
-        if not words[0].isdigit() or (kind == "qemu" and len(words) not in (5, 6)):
-            raise UnparsedOutput(f"{'pct' if kind == 'lxc' else 'qm'} list", line)
-        status = words[1] if kind == "lxc" or len(words) == 5 else words[2]
-        statuses[(kind, int(words[0]))] = status
-    return statuses
-
-
-class GuestStatuses(Probe["dict[tuple[str, int], str]"]):
-    """
-    Returns each guest's status on this node from `pct list` and `qm list`:
-    ``{("lxc", 101): "running", ("qemu", 100): "stopped"}``.
-
-    Read through Proxmox's own tools rather than /run/lxc or qemu pid files, whose layout is
-    internal; the cost is two perl start-ups (~0.3 s each) in the run's one batched fact.
-    Fails (and with it the run) when either list fails: guests cannot be brought back safely
-    from a host whose guest state cannot be read.
-    """
-
-    requires_command = "pct"
-    default = dict
-
-    def command(self) -> str:
-        return "echo '==> lxc <==' && pct list && echo '==> qemu <==' && qm list"
-
-    def process(self, output: list[str]) -> dict[tuple[str, int], str]:
-        return parse_guest_lists(output)
-
-
 # --- /etc/pve/mapping/pci.cfg: cluster PCI resource mappings ---------------------------------------
 
 MAPPINGS_FILE = "/etc/pve/mapping/pci.cfg"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhost.observe.proxmox import parse_guest_lists, parse_pve_configs
+from gpuhost.observe.guest_status import parse_guest_lists
+from gpuhost.observe.proxmox import parse_pve_configs
 from gpuhost.plan.guests.power import (
     Startup,
     StartupFormatError,

@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -65,16 +66,88 @@ def is_running(root: Path, kind: str, vmid: int) -> bool:
 
 
 def set_running(root: Path, kind: str, vmid: int, running: bool, **extra: object) -> None:
-    """Record a guest as running/stopped (the supervisor does this for real containers)."""
+    """Record a guest as running/stopped (the supervisor does this for real containers), and
+    show it where the host's kernel shows it (:func:`show_in_kernel`)."""
     path = state_path(root, kind, vmid)
     if not running:
         path.unlink(missing_ok=True)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"status": "running", "started": int(time.time()), **extra}
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(state) + "\n")
+        os.replace(tmp, path)
+    show_in_kernel(root, kind, vmid, state if running else None)
+
+
+# --- what a running guest leaves in the host kernel's view -----------------------------------
+# Proxmox's own "is it running" tests read these, not its tools' state, and so does gpuhost's
+# GuestStatuses probe; the twin keeps them in its /proc (plain files, the simulated kernel's).
+
+UNIX_HEADER = "Num       RefCount Protocol Flags    Type St Inode Path"
+
+
+def show_in_kernel(root: Path, kind: str, vmid: int, state: dict[str, object] | None) -> None:
+    """A container: its LXC monitor's abstract socket ``@/var/lib/lxc/<vmid>/command`` in
+    /proc/net/unix (pve-container PVE::LXC::list_active_containers; LXC names the socket
+    ``@<lxcpath>/<name>/command``, Proxmox's lxcpath is /var/lib/lxc and the name the vmid).
+    A VM: /var/run/qemu-server/<vmid>.pid naming a process whose /proc/<pid>/cmdline is QEMU's
+    with ``-pidfile`` that file, not a zombie (qemu-server PVE::QemuServer::Helpers::
+    vm_running_locally, parse_cmdline; PVE::ProcFSTools::check_process_running)."""
+    if kind == "lxc":
+        _write_unix_sockets(root)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"status": "running", "started": int(time.time()), **extra}
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(state) + "\n")
-    os.replace(tmp, path)
+    pidfile = root / "run/qemu-server" / f"{vmid}.pid"
+    old = _read_pid(pidfile)
+    if old is not None:
+        shutil.rmtree(root / "proc" / str(old), ignore_errors=True)
+    if state is None:
+        pidfile.unlink(missing_ok=True)
+        return
+    pid = int(str(state["pid"]))
+    proc = root / "proc" / str(pid)
+    proc.mkdir(parents=True, exist_ok=True)
+    argv = ["/usr/bin/kvm", "-id", str(vmid), "-name", f"vm{vmid}", "-pidfile"]
+    argv.append(f"/var/run/qemu-server/{vmid}.pid")
+    (proc / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (proc / "stat").write_text(f"{pid} (kvm) S 1 {pid} {pid} 0 -1 4194560\n")
+    pidfile.parent.mkdir(parents=True, exist_ok=True)
+    pidfile.write_text(f"{pid}\n")
+
+
+def forget_kernel_view(root: Path) -> None:
+    """A boot: no container sockets, no VM processes (their pid files went with /run)."""
+    _write_unix_sockets(root)
+    for entry in os.scandir(root / "proc"):  # _write_unix_sockets made it
+        if entry.name.isdigit() and not entry.is_symlink():
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _write_unix_sockets(root: Path) -> None:
+    """/proc/net/unix: the header and one listening abstract socket per running container, in
+    the kernel's format (net/unix/af_unix.c unix_seq_show; a real line is kept in
+    tests/fixtures/captures/guest-statuses)."""
+    lines = [UNIX_HEADER]
+    ct_dir = root / RUN / "ct"
+    running = sorted(int(p.stem) for p in ct_dir.glob("*.json")) if ct_dir.is_dir() else []
+    for n, ctid in enumerate(running):
+        if is_running(root, "lxc", ctid):
+            inode = 20000 + n
+            path = f"@/var/lib/lxc/{ctid}/command"
+            lines.append(f"{n:016x}: 00000002 00000000 00010000 0001 01 {inode} {path}")
+    net = root / "proc/net"
+    net.mkdir(parents=True, exist_ok=True)
+    tmp = net / ".unix.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, net / "unix")
+
+
+def _read_pid(pidfile: Path) -> int | None:
+    try:
+        text = pidfile.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 # --- the supervisor (outside the chroot) ---
