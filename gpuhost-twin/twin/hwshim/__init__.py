@@ -10,48 +10,45 @@ common holds what they share.
 
 from __future__ import annotations
 
-from .bootctl import bootctl
-from .common import hwsim, root
-from .esp_mount import mount, umount
-from .fabric import fabric
-from .findmnt import findmnt
-from .journal import journalctl
-from .kernel import dmesg, uname
-from .kmod import depmod, lsmod, modinfo, modprobe
-from .lspci import lspci
-from .nvidia_modprobe import nvidia_modprobe
-from .nvidia_smi import nvidia_smi
-from .storage import pvesm, zpool
+import importlib
+from collections.abc import Callable
 
+# tool -> (module, function): a tool imports only its own module (every shim call is a fresh
+# python3, and the twin's tests and deploys make thousands of them).
 TOOLS = {
-    "nvidia-smi": nvidia_smi,
-    "dmesg": dmesg,
-    "lspci": lspci,
-    "lsmod": lsmod,
-    "modprobe": modprobe,
-    "modinfo": modinfo,
-    "depmod": depmod,
-    "nvidia-modprobe": nvidia_modprobe,
-    "uname": uname,
-    "bootctl": bootctl,
-    "mount": mount,
-    "umount": umount,
-    "journalctl": journalctl,
-    "findmnt": findmnt,
-    "gpuhost-twin-fabric": fabric,
-    "zpool": zpool,
-    "pvesm": pvesm,
+    "nvidia-smi": ("nvidia_smi", "nvidia_smi"),
+    "dmesg": ("kernel", "dmesg"),
+    "lspci": ("lspci", "lspci"),
+    "lsmod": ("kmod", "lsmod"),
+    "modprobe": ("kmod", "modprobe"),
+    "modinfo": ("kmod", "modinfo"),
+    "depmod": ("kmod", "depmod"),
+    "nvidia-modprobe": ("nvidia_modprobe", "nvidia_modprobe"),
+    "uname": ("kernel", "uname"),
+    "bootctl": ("bootctl", "bootctl"),
+    "mount": ("esp_mount", "mount"),
+    "umount": ("esp_mount", "umount"),
+    "journalctl": ("journal", "journalctl"),
+    "findmnt": ("findmnt", "findmnt"),
+    "gpuhost-twin-fabric": ("fabric", "fabric"),
+    "zpool": ("storage", "zpool"),
+    "pvesm": ("storage", "pvesm"),
 }
+
+
+def tool_function(tool: str) -> Callable[..., int]:
+    module, function = TOOLS[tool]
+    return getattr(importlib.import_module(f".{module}", __name__), function)  # type: ignore[no-any-return]
 
 
 MUTATING = ("modprobe", "nvidia-modprobe", "gpuhost-twin-fabric")
 
 
 def main(tool: str, argv: list[str]) -> int:
-    if tool == "modprobe":
-        with hwsim.locked(root()) as lock:
-            return modprobe(argv, lock)
+    run = tool_function(tool)
     if tool in MUTATING:
-        with hwsim.locked(root()):
-            return TOOLS[tool](argv)
-    return TOOLS[tool](argv)
+        from .common import hwsim, root
+
+        with hwsim.locked(root()) as lock:
+            return run(argv, lock) if tool == "modprobe" else run(argv)
+    return run(argv)
