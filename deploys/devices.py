@@ -16,29 +16,31 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from deploys.ops import apply_files, follow_up
+from deploys.ops import apply_items, as_planned, files_as_planned, follow_up
 from gpuhost.plan.make import Plan
 
 STEP = "systemd"  # the follow-up every unit file here triggers: systemctl daemon-reload
 LABEL = "Boot units"
+# Each concern's heading, for the files it changes in this run; the files already as planned
+# are reported together, in one operation (pyinfra inspects the call stack for every one).
+CONCERNS = {
+    "NVIDIA device nodes": ("devices", "userspace"),
+    "Trial boot deadline": ("trial",),
+    "PCI mappings at boot": ("mappings",),
+}
 
 
-@deploy("NVIDIA device nodes")
-def _device_nodes(plan: Plan) -> None:
-    apply_files(plan, ("devices", "userspace"), STEP, LABEL, run_step=False)
+def _changes(plan: Plan, concerns: tuple[str, ...]) -> None:
+    items = [i for i in plan.files.values() if i.concern in concerns and not as_planned(i)]
+    apply_items(items, LABEL, [f for f in plan.follow_ups if f.name == STEP])
 
 
-@deploy("Trial boot deadline")
-def _trial_units(plan: Plan) -> None:
-    apply_files(plan, "trial", STEP, LABEL, run_step=False)
+@deploy(LABEL)
+def _settled(paths: list[str]) -> None:
+    files_as_planned(name=f"{LABEL}: {len(paths)} file(s) as planned", paths=paths)
 
 
-@deploy("PCI mappings at boot")
-def _mapping_units(plan: Plan) -> None:
-    apply_files(plan, "mappings", STEP, LABEL, run_step=False)
-
-
-@deploy("Boot units")
+@deploy(LABEL)
 def _reload(plan: Plan) -> None:
     (step,) = [f for f in plan.follow_ups if f.name == STEP]
     follow_up(name=f"{step.command} when needed", step=step, files=plan.files)
@@ -46,7 +48,12 @@ def _reload(plan: Plan) -> None:
 
 def configure(plan: Plan) -> None:
     """The boot units of every concern, then one daemon-reload for all of them."""
-    _device_nodes(plan)
-    _trial_units(plan)
-    _mapping_units(plan)
+    concerns = {c for cs in CONCERNS.values() for c in cs}
+    items = [item for item in plan.files.values() if item.concern in concerns]
+    settled = [item.path for item in items if as_planned(item)]
+    if settled:
+        _settled(settled)
+    for heading, of in CONCERNS.items():
+        if any(item.concern in of and item.path not in settled for item in items):
+            deploy(heading)(_changes)(plan, of)
     _reload(plan)

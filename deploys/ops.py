@@ -229,16 +229,25 @@ def apply_files(
     """
     step = next(f for f in plan.follow_ups if f.name == step_name)
     concerns = (concern,) if isinstance(concern, str) else concern
-    items = [item for item in plan.files.values() if item.concern in concerns]
+    apply_items([item for item in plan.files.values() if item.concern in concerns], label, [step])
+    if run_step:
+        follow_up(name=f"{step.command} when needed", step=step, files=plan.files)
+
+
+def apply_items(items: list[ManagedFile], label: str, follow_ups: list[FollowUp]) -> None:
+    """The files already as planned in one operation (:func:`files_as_planned`), each other
+    file in its own, marking the follow-ups it triggers pending.
+
+    + label: how the operations are named ("Kernel parameters: /etc/kernel/cmdline")
+    + follow_ups: the Plan's follow-ups these files may trigger
+    """
     settled = [item.path for item in items if as_planned(item)]
     if settled:
         files_as_planned(name=f"{label}: {len(settled)} file(s) as planned", paths=settled)
     for item in items:
         if item.path not in settled:
-            steps = [step] if item.path in step.triggers else []
+            steps = [f for f in follow_ups if item.path in f.triggers]
             managed_file(name=f"{label}: {item.path}", item=item, follow_ups=steps)
-    if run_step:
-        follow_up(name=f"{step.command} when needed", step=step, files=plan.files)
 
 
 def register_deploy_file(path: str) -> None:

@@ -19,7 +19,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from deploys.context import observed
-from deploys.ops import managed_file
+from deploys.ops import apply_items
 from deploys.rebind import rebind
 from gpuhost.plan.guests.vfio import board_functions, misbound
 from gpuhost.plan.make import Plan
@@ -30,10 +30,8 @@ def configure(plan: Plan, live: bool = True) -> None:
     """The claim's files; with ``live`` (no reboot in this run: the boot's claim would do it)
     also the live moves of boards bound to the wrong driver now, whose guests
     deploys/split.py has stopped."""
-    for item in plan.files.values():
-        if item.concern == "vfio":
-            steps = [f for f in plan.follow_ups if item.path in f.triggers]
-            managed_file(name=f"VFIO binding: {item.path}", item=item, follow_ups=steps)
+    items = [item for item in plan.files.values() if item.concern == "vfio"]
+    apply_items(items, "VFIO binding", plan.follow_ups)
     if not live:
         return
     # A board on the wrong side now moves live (refused, naming the holder, while in use).
