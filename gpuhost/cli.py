@@ -6,6 +6,8 @@ gpuhost capture inventory/kpro6.py --out DIR         # save a snapshot of the li
 gpuhost capture-script > capture.sh                  # the same, as a script to run anywhere
 gpuhost build inventory/kpro6.py [--jobs N]          # build a source kernel into the store
                                                      #   (here, or on artifacts.build_host)
+gpuhost metrics inventory/kpro6.py [--out FILE]      # audit as Prometheus metrics
+gpuhost metrics --local --spec FILE --host-name NAME # the same, on the host itself
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pyinfra.api.exceptions import PyinfraError
 from gpuhost.build import command as buildcmd
 from gpuhost.build.kernel import KernelBuildError
 from gpuhost.control import read_control
+from gpuhost.metrics import command as metricscmd
 from gpuhost.observe.hostfacts import capture_script, parse_raw, read_snapshot, write_snapshot
 from gpuhost.observe.live import gather_live
 from gpuhost.plan.make import make_plan
@@ -150,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     script = sub.add_parser("capture-script", help="print a shell script that saves a snapshot")
     script.set_defaults(run=lambda _: print(capture_script(), end="") or 0)
     buildcmd.add_parser(sub)
+    metricscmd.add_parser(sub)
     _add_plugin_commands(sub)
     return parser
 
