@@ -29,7 +29,6 @@ from gpuhost.metrics.collect import measure, samples
 from gpuhost.metrics.render import Sample, render
 from gpuhost.observe.cuda import DEFAULT_SIZES
 from gpuhost.spec.guests import LxcGuest
-from gpuhost.spec.inventory import SOURCE_KEY, load_inventory
 from gpuhost.spec.specfile import load_spec, redacted_guests
 
 
@@ -66,7 +65,7 @@ def _sizes(text: str | None) -> tuple[int, ...]:
 def _local(args: argparse.Namespace) -> tuple[list[Sample], list[str]]:
     if not args.spec or not args.host_name:
         raise ValueError("--local needs --spec FILE (the host's spec JSON) and --host-name NAME")
-    spec = load_spec(args.spec, args.host_name)  # a bad spec file: exit 2, naming the field
+    spec = load_spec(args.spec)  # a bad spec file: exit 2, naming the field
     sizes = _sizes(args.p2p_sizes)
     try:
         measured = measure(
@@ -83,6 +82,8 @@ def _local(args: argparse.Namespace) -> tuple[list[Sample], list[str]]:
 
 
 def _remote(args: argparse.Namespace) -> tuple[list[Sample], list[str]]:
+    from gpuhost.spec.inventory import SOURCE_KEY, load_inventory  # the control machine's (pyinfra)
+
     hosts = load_inventory(args.inventory)
     if args.host:
         if args.host not in hosts:

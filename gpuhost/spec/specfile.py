@@ -18,11 +18,22 @@ from pydantic import ValidationError
 from gpuhost.redact import is_secret_name
 from gpuhost.spec.errors import describe
 from gpuhost.spec.host import HostSpec
-from gpuhost.spec.validate import SpecError
 
 REDACTED = "gpuhost-redacted"  # a valid env value (spec/values.py) that no deploy writes
 # Checks whose expectation contains the guest's environment values.
 ENV_CHECKS = frozenset({"ct.environment", "ct.services"})
+
+
+class SpecFileError(ValueError):
+    """A spec file that is not a valid host spec: every problem, naming the file and the field.
+    (Not gpuhost.spec.validate's SpecError: that one is pyinfra's, and the host's metrics
+    runtime has no pyinfra.)"""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source, self.problems = source, problems
+        lines = [f"{source}: invalid gpuhost spec ({len(problems)} problem(s))"]
+        lines += [f"  - {p}" for p in problems]
+        super().__init__("\n".join(lines))
 
 
 def _redact_env(env: dict[str, str]) -> dict[str, str]:
@@ -39,7 +50,7 @@ def dump_spec(spec: HostSpec) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
-def load_spec(path: str | Path, host: str = "") -> HostSpec:
+def load_spec(path: str | Path) -> HostSpec:
     """The spec in ``path`` (written by :func:`dump_spec`); a clear error naming the file, the
     field and the fix when it cannot be read or is not a valid spec."""
     source = str(path)
@@ -53,7 +64,7 @@ def load_spec(path: str | Path, host: str = "") -> HostSpec:
     try:
         return HostSpec.model_validate_json(text)
     except ValidationError as exc:
-        raise SpecError(source, host or "(spec file)", describe(exc)) from None
+        raise SpecFileError(source, describe(exc)) from None
 
 
 def redacted_guests(spec: HostSpec) -> set[str]:

@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,47 @@ def test_telemetry_parser_on_the_real_h200_query():
     assert "retired_pages.pending" not in gpu.values  # [N/A]: left out, not 0
     failed = parse_telemetry(["NVIDIA-SMI has failed because...", "#gpuhost-exit=9"])
     assert failed.error == "NVIDIA-SMI has failed because..." and not failed.gpus
+
+
+# What the host's metrics runtime carries (gpuhost/build/runtime.py): gpuhost, pydantic, jinja2,
+# packaging and their dependencies; no pyinfra, testinfra, paramiko or pytest.
+RUNTIME_MODULES = (
+    "pydantic",
+    "pydantic_core",
+    "annotated_types",
+    "typing_extensions",
+    "typing_inspection",
+    "jinja2",
+    "markupsafe",
+    "packaging",
+)
+
+
+def test_the_local_command_runs_without_the_control_side_packages(tmp_path: Path):
+    import importlib.util
+
+    site = tmp_path / "site"
+    site.mkdir()
+    for name in RUNTIME_MODULES:
+        found = importlib.util.find_spec(name)
+        assert found is not None and found.origin is not None
+        origin = Path(found.origin)
+        source = origin.parent if origin.name == "__init__.py" else origin
+        (site / source.name).symlink_to(source)
+    root = Path(__file__).parents[2]
+    code = (
+        "import sys, gpuhost.cli\n"
+        "assert not {'pyinfra', 'testinfra', 'paramiko', 'pytest'} & set(sys.modules)\n"
+        "sys.exit(gpuhost.cli.main(['metrics', '--local', '--spec', '/nonexistent.json',"
+        " '--host-name', 'h']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-s", "-S", "-c", code],
+        env={"PYTHONPATH": f"{root}:{site}", "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "/nonexistent.json: cannot read the host spec" in done.stderr

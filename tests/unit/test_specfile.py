@@ -10,8 +10,7 @@ import pytest
 
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import load_inventory
-from gpuhost.spec.specfile import REDACTED, dump_spec, load_spec, redacted_guests
-from gpuhost.spec.validate import SpecError
+from gpuhost.spec.specfile import REDACTED, SpecFileError, dump_spec, load_spec, redacted_guests
 
 INVENTORIES = ["inventory/h200.py", "inventory/kpro6.py", "inventory/kpro5.py"]
 
@@ -44,8 +43,8 @@ def test_a_bad_spec_file_names_the_file_and_the_field(tmp_path: Path):
     data = json.loads(dump_spec(load_inventory("inventory/h200.py")["h200"][0]))
     data["driver"]["version"] = "latest"
     path.write_text(json.dumps(data))
-    with pytest.raises(SpecError) as err:
-        load_spec(path, "h200")
+    with pytest.raises(SpecFileError) as err:
+        load_spec(path)
     assert str(path) in str(err.value) and "driver.version" in str(err.value)
     with pytest.raises(FileNotFoundError, match="cannot read the host spec"):
         load_spec(tmp_path / "absent.json")
