@@ -1,9 +1,11 @@
 """`gpuhost metrics` over real SSH on an h200x2 twin with a GPU container: valid exposition text,
 and a drift planted the way it happens (the container keeps an older NVIDIA userspace after a
-driver upgrade) turns exactly its check to 0, which the shipped alert rule then fires on."""
+driver upgrade) turns exactly its check to 0, which the shipped alert rule then fires on; the
+audit (`gpuhost audit`) reports every check as the metrics do."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -62,6 +64,26 @@ def metrics(inv: Path, out: Path) -> dict[str, float]:
         for line in text.splitlines()
         if line and not line.startswith("#")
     }
+
+
+def audit_agrees(inv: Path, found: dict[str, float], host: str, tmp_path: Path) -> None:
+    """`gpuhost audit --json` (the pytest plugin, over SSH) reports each check as the metrics do."""
+    report = tmp_path / "audit.json"
+    subprocess.run(
+        [sys.executable, "-m", "gpuhost.cli", "audit", str(inv), "--json", str(report)],
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+        timeout=120,
+    )
+    results = json.loads(report.read_text())["results"]
+    assert len(results) == sum(k.startswith("gpuhost_check_applicable") for k in found)
+    for r in results:
+        guest = r["target"].partition("/")[2]
+        labels = f'host="{host}",guest="{guest}",check="{r["check"]}"'
+        assert found[f"gpuhost_check_applicable{{{labels}}}"] == (r["status"] != "skipped")
+        if r["status"] != "skipped":
+            assert found[f"gpuhost_check_ok{{{labels}}}"] == (r["status"] == "passed"), labels
 
 
 def alert_fires(text: str, alert: str, tmp_path: Path) -> list[dict]:
@@ -131,6 +153,7 @@ def test_a_planted_userspace_drift_turns_its_check_to_0_and_fires(twin_fleet, tm
             k for k, v in after.items() if k.startswith("gpuhost_check_ok") and before.get(k) != v
         }
         assert all("ct200" in k for k in flipped), flipped  # only the guest's checks moved
+        audit_agrees(inv, after, twin.name, tmp_path)
         if PROMTOOL:
             (fired,) = alert_fires(out.read_text(), "GpuhostDriverUserspaceMismatch", tmp_path)
             assert f'userspace="{OLD}"' in fired and 'guest="ct200"' in fired
