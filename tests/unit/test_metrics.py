@@ -238,3 +238,29 @@ def test_the_local_command_runs_without_the_control_side_packages(tmp_path: Path
     )
     assert done.returncode == 2, done.stderr
     assert "/nonexistent.json: cannot read the host spec" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
+            "#gpuhost-exit=9\n",
+            "NVIDIA-SMI has failed",
+        ),
+        ("0, 00000000:00:06.0, only three cells\n#gpuhost-exit=0\n", "cells for"),
+    ],
+)
+def test_telemetry_that_cannot_be_read_leaves_the_audit_metrics(answer, why):
+    from gpuhost.observe.telemetry import NvidiaTelemetry
+
+    def run(command: str) -> tuple[int, str, str]:
+        return (0, answer, "") if command == NvidiaTelemetry().command() else replay(command)
+
+    spec = load_inventory("inventory/h200.py")["h200"][0]
+    measured = measure("h200", spec, run)
+    assert why in (measured.telemetry.error or "")
+    found = series(render(samples("h200", measured)))
+    assert found['gpuhost_gpu_telemetry_up{host="h200"}'] == 0
+    assert found['gpuhost_check_ok{host="h200",guest="",check="driver.version"}'] == 1
+    assert not [k for k in found if k.startswith("gpuhost_gpu_") and "telemetry_up" not in k]
