@@ -264,3 +264,19 @@ def test_telemetry_that_cannot_be_read_leaves_the_audit_metrics(answer, why):
     assert found['gpuhost_gpu_telemetry_up{host="h200"}'] == 0
     assert found['gpuhost_check_ok{host="h200",guest="",check="driver.version"}'] == 1
     assert not [k for k in found if k.startswith("gpuhost_gpu_") and "telemetry_up" not in k]
+
+
+def test_inventory_mode_refuses_an_unknown_host_and_host_key_before_connecting(tmp_path, capsys):
+    inventory = tmp_path / "h200.py"
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    inventory.write_text(
+        "from gpuhost.spec.inventory import gpu_host\n"
+        "hosts = [gpu_host('h200', {'kernel': {'version': '6.8.12-9-pve'}, "
+        "'driver': {'version': '580.159.04'}}, ssh_hostname='192.0.2.1', "
+        f"ssh_known_hosts_file={str(known)!r})]\n"
+    )
+    assert main(["metrics", str(inventory), "--host", "nope"]) == 2
+    assert "no host 'nope'" in capsys.readouterr().err
+    assert main(["metrics", str(inventory)]) == 2  # 192.0.2.1 is TEST-NET: never reached
+    assert "192.0.2.1" in capsys.readouterr().err
