@@ -69,13 +69,15 @@ def metrics(inv: Path, out: Path) -> dict[str, float]:
 def audit_agrees(inv: Path, found: dict[str, float], host: str, tmp_path: Path) -> None:
     """`gpuhost audit --json` (the pytest plugin, over SSH) reports each check as the metrics do."""
     report = tmp_path / "audit.json"
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "gpuhost.cli", "audit", str(inv), "--json", str(report)],
         cwd=ROOT,
         capture_output=True,
+        text=True,
         check=False,
         timeout=120,
     )
+    assert report.is_file(), done.stdout[-3000:] + done.stderr[-2000:]
     results = json.loads(report.read_text())["results"]
     assert len(results) == sum(k.startswith("gpuhost_check_applicable") for k in found)
     for r in results:
