@@ -10,6 +10,11 @@ mkdir -p /tmp/site && for w in .devwheels/pydantic*.whl .devwheels/annotated_typ
 done
 export PYTHONPATH=/tmp/site:$PWD PATH=$PATH:/usr/local/nvidia/bin
 R=$OUT/m; mkdir -p "$R"
+# the files a deploy would write (it cannot run there), as tools/device-audit.sh does
+# (that tool reads the inventory through pyinfra: all the wheels, for it alone)
+mkdir -p /tmp/site-all && for w in .devwheels/*.whl; do python3 -m zipfile -e "$w" /tmp/site-all; done
+PYTHONPATH=/tmp/site-all:$PWD python3 tools/write-plan-files.py inventory/h200.py h200 modules devices \
+  > "$R/write-plan-files.out" 2>&1
 echo "captured_at: $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$R/CAPTURE-INFO"; echo "uname: $(uname -a)" >> "$R/CAPTURE-INFO"
 python3 --version >> "$R/CAPTURE-INFO" 2>&1
 M="python3 -s -m gpuhost.cli metrics --local --host-name h200"

@@ -284,3 +284,24 @@ def test_inventory_mode_refuses_an_unknown_host_and_host_key_before_connecting(t
     assert "--spec and --host-name go with --local" in capsys.readouterr().err
     assert main(["metrics", str(inventory)]) == 2  # 192.0.2.1 is TEST-NET: never reached
     assert "192.0.2.1" in capsys.readouterr().err
+
+
+REAL_RUN = Path(__file__).parents[1] / "fixtures" / "captures" / "h200x1-metrics"
+
+
+@needs_promtool
+def test_the_timers_command_run_on_the_real_h200_wrote_valid_metrics():
+    """tests/fixtures/captures/h200x1-metrics: `gpuhost metrics --local` run there for real."""
+    for name in ("h200.prom", "h200-driver.prom"):
+        text = (REAL_RUN / name).read_text()
+        done = promtool_check(text)
+        assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+    passing = series((REAL_RUN / "h200.prom").read_text())
+    assert passing['gpuhost_checks{host="h200",status="failed"}'] == 0
+    assert passing['gpuhost_gpu_persistence_mode{host="h200",gpu="0000:00:06.0"}'] == 1
+    drifted = series((REAL_RUN / "h200-driver.prom").read_text())
+    failing = {k for k, v in drifted.items() if k.startswith("gpuhost_check_ok") and v == 0}
+    assert failing == {'gpuhost_check_ok{host="h200",guest="",check="driver.version"}'}
+    # the real output uses only the families gpuhost registers
+    names = {k.split("{")[0] for k in {**passing, **drifted}}
+    assert names <= set(FAMILIES), names - set(FAMILIES)
