@@ -3,7 +3,7 @@
 gpuhost-metrics.timer starts gpuhost-metrics.service every ``interval_seconds``; the service
 runs /usr/local/lib/gpuhost/metrics, which runs `gpuhost metrics --local` from the runtime under
 /opt/gpuhost/current (gpuhost and pydantic for the host's python3, gpuhost/build/runtime.py)
-against /etc/gpuhost/host-spec.json, writing node_exporter's textfile directory. Debian's
+against /etc/gpuhost/spec.json, writing node_exporter's textfile directory. Debian's
 prometheus-node-exporter serves it; a drop-in gives it a listen address or another textfile
 directory only where the spec asks for one. With monitoring off every file here is absent.
 """
@@ -20,7 +20,7 @@ from gpuhost.plan.model import ManagedFile
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.monitoring import DEBIAN_TEXTFILE_DIR
 
-SPEC_FILE = f"{CONFIG_DIR}/host-spec.json"
+SPEC_FILE = f"{CONFIG_DIR}/spec.json"  # the name gpuhost/spec/specfile.py gives it
 UNIT_DIR = "/etc/systemd/system"
 SERVICE_FILE = f"{UNIT_DIR}/{METRICS_UNIT}"
 TIMER_FILE = f"{UNIT_DIR}/{METRICS_TIMER}"
