@@ -78,6 +78,8 @@ def test_node_exporter_serves_the_checks_and_a_drift(fresh, modules, tmp_path: P
     assert rc == 0, err
     text = scrape(twin.address)
     lines = [line for line in text.splitlines() if 'check="devices.nodes"' in line]
-    print(f"\nthe service's run on the twin: {seconds:.2f} s; after the drift:\n" + "\n".join(lines))
+    print(
+        f"\nthe service's run on the twin: {seconds:.2f} s; after the drift:\n" + "\n".join(lines)
+    )
     assert check_value(text, "devices.nodes", twin.name) == "0", "\n".join(lines)
     assert re.search(r"^gpuhost_audit_last_run_timestamp_seconds\{.*\} \S+$", text, re.M)
