@@ -1,0 +1,298 @@
+"""The metrics timer's install side: the spec's monitoring section, its files in the Plan, the
+MonitoringState probe on real output, the runtime's contents, and the deploy's operations."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from pyinfra.context import ctx_host, ctx_state
+
+from deploys import context, monitoring
+from gpuhost.build import runtime
+from gpuhost.observe.monitoring import MonitoringState, MonitoringStateFact, parse_monitoring
+from gpuhost.plan import monitoring as planmon
+from gpuhost.plan.make import make_plan
+from gpuhost.spec.host import HostSpec
+from tests.unit.hosts import kpro6
+from tests.unit.test_operations import FakeHost
+from tests.unit.test_plan import KPRO6
+
+CAPTURES = Path(__file__).parents[1] / "fixtures/captures/monitoring"
+ON = {"enabled": True, "interval_seconds": 120}
+
+
+def spec(**monitoring: object) -> HostSpec:
+    return HostSpec.model_validate({**KPRO6, "monitoring": monitoring})
+
+
+# --- spec ---------------------------------------------------------------------------------------
+
+
+def test_monitoring_is_off_by_default_and_keeps_debians_directory() -> None:
+    mon = HostSpec.model_validate(KPRO6).monitoring
+    assert not mon.enabled and mon.textfile_dir == "/var/lib/prometheus/node-exporter"
+    assert mon.node_exporter and mon.listen_address is None
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("127.0.0.1", "is not a listen address"),
+        ("127.0.0.1:0", "port 0 is out of range"),
+        ("[fe80::zz]:9100", "is not a listen address"),
+        ("Exporter.lan:9100", "is not a host name or address"),
+        ("127.0.0.1:9100;rm", "is not a listen address"),
+    ],
+)
+def test_a_bad_listen_address_names_the_field_and_the_fix(value: str, why: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        spec(enabled=True, listen_address=value)
+    text = str(info.value)
+    assert "monitoring.listen_address" in text and why in text and "127.0.0.1:9100" in text
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1:9100", "[::1]:9100", ":9100", "mon.lan:19100"])
+def test_listen_addresses_node_exporter_takes(value: str) -> None:
+    assert spec(enabled=True, listen_address=value).monitoring.listen_address == value
+
+
+def test_interval_and_directory_are_checked() -> None:
+    with pytest.raises(ValidationError, match="interval_seconds"):
+        spec(enabled=True, interval_seconds=5)
+    with pytest.raises(ValidationError, match="textfile_dir"):
+        spec(enabled=True, textfile_dir="var/lib/x")
+    with pytest.raises(ValidationError, match="enabled"):
+        spec(enabled="yes")  # strict: a bool is a bool
+
+
+# --- the Plan -----------------------------------------------------------------------------------
+
+
+def facts_with(python: str = "Python 3.11.2") -> Any:
+    return kpro6(MonitoringState=(0, [f"python={python}"]))
+
+
+def test_monitoring_off_plans_every_file_absent() -> None:
+    plan = make_plan("kpro6", spec(), facts_with())
+    assert plan.monitoring is None
+    for path in planmon.FILES:
+        assert not plan.files[path].present, path
+
+
+def test_monitoring_on_plans_the_units_the_script_and_the_spec() -> None:
+    plan = make_plan("kpro6", spec(**ON), facts_with())
+    assert plan.monitoring is not None
+    assert plan.monitoring.python == "3.11"
+    assert plan.monitoring.out == "/var/lib/prometheus/node-exporter/gpuhost.prom"
+    files = plan.files
+    timer = files[planmon.TIMER_FILE].content or ""
+    assert "OnUnitActiveSec=120s" in timer and "Persistent=true" in timer
+    assert "WantedBy=timers.target" in timer
+    assert files[planmon.TIMER_WANTS].link == planmon.TIMER_FILE
+    service = files[planmon.SERVICE_FILE].content or ""
+    assert "Type=oneshot" in service and "IOSchedulingClass=idle" in service
+    assert "TimeoutStartSec=120" in service and "ExecStart=/usr/local/lib/gpuhost/metrics" in service
+    script = files["/usr/local/lib/gpuhost/metrics"]
+    assert script.mode == "755"
+    assert "OUT=/var/lib/prometheus/node-exporter/gpuhost.prom\n" in (script.content or "")
+    assert "--host-name \"$HOST\"" in (script.content or "")
+    assert HostSpec.model_validate_json(files[planmon.SPEC_FILE].content or "") == spec(**ON)
+    assert files[planmon.SPEC_FILE].mode == "600"
+    # Debian's defaults need no drop-in
+    assert not files[planmon.EXPORTER_DROPIN].present
+
+
+def test_the_drop_in_keeps_args_and_adds_only_what_the_spec_asks() -> None:
+    plan = make_plan(
+        "kpro6",
+        spec(**ON, listen_address="127.0.0.1:9100", textfile_dir="/srv/prom"),
+        facts_with(),
+    )
+    assert plan.monitoring is not None and plan.monitoring.out == "/srv/prom/gpuhost.prom"
+    dropin = plan.files[planmon.EXPORTER_DROPIN].content or ""
+    assert dropin.splitlines()[-2:] == [
+        "ExecStart=",
+        "ExecStart=/usr/bin/prometheus-node-exporter $ARGS --web.listen-address=127.0.0.1:9100 "
+        "--collector.textfile.directory=/srv/prom",
+    ]
+    off = make_plan("kpro6", spec(**ON, listen_address=":9100", node_exporter=False), facts_with())
+    assert not off.files[planmon.EXPORTER_DROPIN].present  # no node_exporter: not its drop-in
+
+
+def test_a_host_name_is_quoted_in_the_script() -> None:
+    text = planmon.metrics_script("kpro6 $(reboot)", "/var/lib/x/gpuhost.prom")
+    assert "HOST='kpro6 $(reboot)'\n" in text
+
+
+# --- the probe, on real output ------------------------------------------------------------------
+
+
+def test_the_probe_command_is_the_captured_one() -> None:
+    assert (CAPTURES / "MonitoringState.cmd").read_text().rstrip("\n") == (
+        MonitoringStateFact().command()
+    )
+
+
+def test_a_host_without_anything_of_it() -> None:
+    # Debian 12 (this development machine kind), no node_exporter (dpkg knows it: "un")
+    state = parse_monitoring((CAPTURES / "dev-bookworm.out").read_text().splitlines())
+    assert state == MonitoringState(python="3.11")
+
+
+def test_a_deployed_twin() -> None:
+    # a kpro6 twin after the deploy (tests/e2e/test_monitoring.py): Debian's package, the runtime
+    state = parse_monitoring((CAPTURES / "twin-deployed.out").read_text().splitlines())
+    assert state.python == "3.11" and state.exporter == "1.5.0-1+b6"
+    assert state.exporter_active and state.timer_active
+    assert state.runtime is not None and len(state.runtime) == 16
+    assert state.metrics_age is not None and 0 <= state.metrics_age < 60
+
+
+def test_unknown_lines_are_refused() -> None:
+    with pytest.raises(ValueError, match="monitoring state"):
+        parse_monitoring(["python=Python 3.11.2", "surprise=1"])
+    with pytest.raises(ValueError, match="metrics_age"):
+        parse_monitoring(["metrics_age=soon"])
+
+
+# --- the runtime --------------------------------------------------------------------------------
+
+
+def test_the_runtime_holds_the_audits_imports_and_none_of_the_control_side() -> None:
+    pins = runtime.pins("3.11")
+    names = {p.split("==")[0] for p in pins}
+    assert {"pydantic", "pydantic-core", "jinja2", "markupsafe", "packaging"} <= names
+    assert not names & {"pyinfra", "paramiko", "gevent", "pytest", "proxmoxer", "uv"}
+    assert runtime.runtime_key("3.11") == runtime.runtime_key("3.11")
+    assert runtime.runtime_key("3.11") != runtime.runtime_key("3.13")
+    shipped = {name.split("/")[1] for name, _ in runtime._sources()}
+    assert shipped == {"gpuhost", "files", "templates"}
+
+
+BLOCKER = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError("not in the host runtime: " + name)
+sys.meta_path.insert(0, Block())
+import gpuhost.audit.run, gpuhost.plan.make
+"""
+
+
+def test_what_the_host_imports_needs_only_the_runtime() -> None:
+    """The install's own check on the host (deploys/monitoring.py) imports these; nothing of
+    the control side may come with them."""
+    blocked = {"pyinfra", "pyinfra_cli", "paramiko", "proxmoxer", "requests", "pytest", "yaml"}
+    blocked |= {"testinfra", "gevent", "uv"}
+    code = BLOCKER.format(blocked=sorted(blocked))
+    root = Path(__file__).parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+# --- the deploy's operations --------------------------------------------------------------------
+
+
+class MonitoredHost(FakeHost):
+    def __init__(self, files: dict[str, Any], state: list[str]) -> None:
+        super().__init__(files)
+        self.state_lines = state
+
+    def get_fact(self, cls: Any, **kwargs: Any) -> dict[str, tuple[int, list[str]]]:
+        raw = super().get_fact(cls, **kwargs)
+        raw["MonitoringState"] = (0, self.state_lines)
+        return raw
+
+
+def _run(op: Any, fake: FakeHost, **args: Any) -> list[str]:
+    context._observed.clear()
+    with ctx_host.use(fake), ctx_state.use(fake.state):
+        return [
+            c if isinstance(c, str) else c.get_raw_value()
+            for c in op._inner(**args)
+            if isinstance(c, str) or hasattr(c, "get_raw_value")
+        ]
+
+
+def _converged(key: str, **change: str) -> list[str]:
+    state = {
+        "python": "Python 3.11.2",
+        "runtime": key,
+        "exporter": "ii 1.5.0-1+b6",
+        "exporter_active": "active",
+        "timer_active": "active",
+        "metrics_age": "30",
+        **change,
+    }
+    return [f"{k}={v}" for k, v in state.items() if v is not None]
+
+
+def _planned() -> tuple[Any, dict[str, Any]]:
+    plan = make_plan("kpro6", spec(**ON), facts_with())
+    held = {}
+    for path in planmon.FILES:
+        item = plan.files[path]
+        if item.link is not None:
+            held[path] = {"link": item.link}
+        elif item.content is not None:
+            held[path] = item.content
+    return plan, held
+
+
+def test_a_converged_host_gets_no_command() -> None:
+    plan, held = _planned()
+    key = runtime.runtime_key("3.11")
+    fake = MonitoredHost(held, _converged(key))
+    assert _run(monitoring.runtime_installed, fake, wanted=plan.monitoring) == []
+    step = monitoring._step(plan.monitoring)
+    assert _run(monitoring.started, fake, wanted=plan.monitoring, files=plan.files, step=step) == []
+    assert len(fake.noops) == 3  # the package, the runtime, the timer
+
+
+@pytest.mark.parametrize(
+    ("change", "restart"),
+    [
+        ({"timer_active": "inactive"}, False),
+        ({"metrics_age": None}, False),
+        ({"exporter_active": "failed"}, True),
+    ],
+)
+def test_what_the_host_lacks_starts_it_again(change: dict[str, Any], restart: bool) -> None:
+    plan, held = _planned()
+    fake = MonitoredHost(held, _converged(runtime.runtime_key("3.11"), **change))
+    step = monitoring._step(plan.monitoring)
+    commands = _run(monitoring.started, fake, wanted=plan.monitoring, files=plan.files, step=step)
+    assert commands[0].endswith("touch /var/lib/gpuhost/pending-monitoring")
+    assert "systemctl start gpuhost-metrics.timer && systemctl start gpuhost-metrics.service" in (
+        commands[1]
+    )
+    assert ("systemctl restart prometheus-node-exporter.service" in commands[1]) == restart
+    assert commands[1].endswith("rm -f /var/lib/gpuhost/pending-monitoring")
+
+
+def test_another_runtime_is_uploaded_and_switched_with_one_rename(tmp_path: Path) -> None:
+    plan, held = _planned()
+    fake = MonitoredHost(held, _converged("0123456789abcdef"))
+    key = runtime.runtime_key("3.11")
+    tarball = tmp_path / f"{key}.tar.gz"
+    tarball.write_bytes(b"")  # a cached runtime: nothing is built here
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GPUHOST_RUNTIME_CACHE", str(tmp_path))
+        context._observed.clear()
+        with ctx_host.use(fake), ctx_state.use(fake.state):
+            commands = list(monitoring.runtime_installed._inner(wanted=plan.monitoring))
+    upload = commands[1]
+    assert type(upload).__name__ == "FileUploadCommand"
+    install = commands[2]
+    assert f"tar -xzf /opt/gpuhost/.upload-{key}.tar.gz -C /opt/gpuhost/.{key}.part" in install
+    assert "import gpuhost.audit.run, gpuhost.plan.make" in install
+    # the link moves last, by rename: a killed run leaves the old runtime in use
+    assert install.index("mv -fT /opt/gpuhost/.current.new /opt/gpuhost/current") > install.index(
+        "/usr/bin/python3 -s -c"
+    )
