@@ -6,28 +6,35 @@ gpuhost capture inventory/kpro6.py --out DIR         # save a snapshot of the li
 gpuhost capture-script > capture.sh                  # the same, as a script to run anywhere
 gpuhost build inventory/kpro6.py [--jobs N]          # build a source kernel into the store
                                                      #   (here, or on artifacts.build_host)
+gpuhost metrics inventory/kpro6.py [--out FILE]      # audit as Prometheus metrics
+gpuhost metrics --local --spec FILE --host-name NAME # the same, on the host itself
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from pyinfra.api.exceptions import PyinfraError
-
-from gpuhost.build import command as buildcmd
-from gpuhost.build.kernel import KernelBuildError
-from gpuhost.control import read_control
+from gpuhost.metrics import command as metricscmd
 from gpuhost.observe.hostfacts import capture_script, parse_raw, read_snapshot, write_snapshot
-from gpuhost.observe.live import gather_live
 from gpuhost.plan.make import make_plan
 from gpuhost.plan.render import render_plan
-from gpuhost.spec.inventory import load_inventory
+
+# The host's metrics runtime (`python3 -m gpuhost.cli metrics --local`, gpuhost/build/runtime.py)
+# carries gpuhost and pydantic, not pyinfra: the control machine's commands import it when run.
+CONTROL_SIDE = importlib.util.find_spec("pyinfra") is not None
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from pyinfra.api.exceptions import PyinfraError
+
+    from gpuhost.control import read_control
+    from gpuhost.observe.live import gather_live
+    from gpuhost.spec.inventory import load_inventory
+
     hosts = load_inventory(args.inventory)
     if args.host:
         if args.host not in hosts:
@@ -50,6 +57,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _capture(args: argparse.Namespace) -> int:
+    from gpuhost.observe.live import gather_live
+
     raws = gather_live(args.inventory, args.host)
     for name, raw in raws.items():
         out = Path(args.out) / name if len(raws) > 1 else Path(args.out)
@@ -149,7 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit.set_defaults(run=_audit)
     script = sub.add_parser("capture-script", help="print a shell script that saves a snapshot")
     script.set_defaults(run=lambda _: print(capture_script(), end="") or 0)
-    buildcmd.add_parser(sub)
+    if CONTROL_SIDE:
+        from gpuhost.build import command as buildcmd
+
+        buildcmd.add_parser(sub)
+    metricscmd.add_parser(sub)
     _add_plugin_commands(sub)
     return parser
 
@@ -161,9 +174,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.run(args)
-    except (PyinfraError, ValueError, FileNotFoundError, KernelBuildError) as exc:
+    except _reported_errors() as exc:
         print(f"gpuhost: {exc}", file=sys.stderr)
         return 2
+
+
+def _reported_errors() -> tuple[type[Exception], ...]:
+    """The errors main() reports in one line (a bad inventory, a refused build...)."""
+    errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)
+    if CONTROL_SIDE:
+        from pyinfra.api.exceptions import PyinfraError
+
+        from gpuhost.build.kernel import KernelBuildError
+
+        errors += (PyinfraError, KernelBuildError)
+    return errors
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """The reference pages in docs/reference/, generated from the code (a unit test fails on drift).
 
-python -m gpuhost.docs            # rewrite docs/reference/{inventory,audit-checks,cli}.md
+python -m gpuhost.docs            # rewrite docs/reference/{inventory,audit-checks,cli,metrics}.md
 python -m gpuhost.docs --check    # exit 1, naming the stale pages, without writing
 
 inventory.md comes from the spec models and their field descriptions, audit-checks.md from the
-audit's check registry, cli.md from the `gpuhost` argument parser.
+audit's check registry, cli.md from the `gpuhost` argument parser, metrics.md from the metric
+families gpuhost writes (gpuhost/metrics/families.py).
 """
 
 from __future__ import annotations
@@ -222,10 +223,37 @@ def cli_reference() -> str:
     return "\n".join(parts) + "\n"
 
 
+def metrics_reference() -> str:
+    from gpuhost.metrics.families import FAMILIES, TELEMETRY
+
+    fields: dict[str, list[str]] = {}
+    for field, (family, extra, _) in TELEMETRY.items():
+        where = ", ".join(f"{k}={v}" for k, v in extra.items())
+        fields.setdefault(family, []).append(f"`{field}`" + (f" ({where})" if where else ""))
+    parts = [
+        HEADER.format(source="the metric families (gpuhost/metrics/families.py FAMILIES)"),
+        "# Metrics",
+        "",
+        "Every metric `gpuhost metrics` writes, all gauges, in the Prometheus text format. How "
+        "they are made, scraped and alerted on: [the monitoring guide](../guides/monitoring.md).",
+        "",
+        "| metric | labels | meaning | from nvidia-smi |",
+        "|---|---|---|---|",
+    ]
+    for name in sorted(FAMILIES):
+        family = FAMILIES[name]
+        parts.append(
+            f"| `{name}` | {', '.join(family.labels)} | {_cell(family.help)} "
+            f"| {', '.join(fields.get(name, []))} |"
+        )
+    return "\n".join(parts) + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "inventory.md": inventory_reference,
     "audit-checks.md": audit_checks_reference,
     "cli.md": cli_reference,
+    "metrics.md": metrics_reference,
 }
 
 

@@ -11,10 +11,8 @@ without SSH of their own are read through ``pct exec`` on their host.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from gpuhost.audit.connect import UnknownHostKey, host_url, testinfra_host, testinfra_runner
 from gpuhost.audit.model import Check, Outcome
 from gpuhost.audit.run import HostAudit, cases, evaluate, read_host
-from gpuhost.hostkeys import unknown_host_key
 from gpuhost.observe.cuda import DEFAULT_SIZES
 from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.host import HostSpec
@@ -67,8 +65,7 @@ def _targets(config: pytest.Config) -> list[Target]:
     for name, (spec, data) in entries.items():
         if limit and name != limit:
             continue
-        hostname = str(data.get("ssh_hostname") or name)
-        url = f"ssh://{data.get('ssh_user') or 'root'}@{hostname}:{int(data.get('ssh_port') or 22)}"
+        url = host_url(name, data)
         targets.append(Target(name, spec, data, url, data.get(SOURCE_KEY) or inventory))
     if urls == ["local://"]:  # the audit run on the host itself (testinfra's local backend)
         if len(targets) != 1:
@@ -93,41 +90,13 @@ def _targets(config: pytest.Config) -> list[Target]:
 
 
 def _testinfra_host(target: Target, url: str | None = None, data: dict[str, Any] | None = None):
-    import testinfra
-
-    if (url or target.url) == "local://":
-        return testinfra.get_host("local://")
-    data = target.data if data is None else data
-    problem = unknown_host_key(target.name, data)
-    if problem:
-        pytest.exit(problem, returncode=3)
-    extra = [
-        "-o BatchMode=yes",
-        f"-o StrictHostKeyChecking={data.get('ssh_strict_host_key_checking', 'yes')}",
-    ]
-    if data.get("ssh_known_hosts_file"):
-        extra.append(f"-o UserKnownHostsFile={data['ssh_known_hosts_file']}")
-    digest = hashlib.sha1((url or target.url).encode()).hexdigest()[:12]
-    control = Path(tempfile.gettempdir()) / f"gpuhost-audit-{os.getuid()}-{digest}"
-    return testinfra.get_host(
-        url or target.url,
-        ssh_identity_file=data.get("ssh_key"),
-        ssh_extra_args=" ".join(extra),
-        controlpath=str(control),
-    )
+    try:
+        return testinfra_host(target.name, target.data if data is None else data, url or target.url)
+    except UnknownHostKey as exc:
+        pytest.exit(str(exc), returncode=3)
 
 
-def _runner(host: Any):
-    def run(command: str) -> tuple[int, str, str]:
-        try:
-            result = host.run(command)
-        except RuntimeError as exc:  # testinfra raises on exit status 255 (ssh's own, or pct's)
-            result = exc.args[0]
-            if not hasattr(result, "rc"):
-                raise
-        return result.rc, result.stdout, result.stderr
-
-    return run
+_runner = testinfra_runner
 
 
 class AuditSession:

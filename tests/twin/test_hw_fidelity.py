@@ -180,3 +180,21 @@ def test_mig_capability_files_equal_the_capture(h200: Path) -> None:
         path = f"/proc/driver/nvidia/capabilities/mig/{name}"
         real = text.split(f"== {path}\n", 1)[1].split("\n==", 1)[0].split("\n/proc", 1)[0]
         assert (h200 / path.lstrip("/")).read_text() == real.rstrip("\n") + "\n"
+
+
+def test_telemetry_query_reads_like_the_real_h200(h200: Path) -> None:
+    """gpuhost's telemetry query (gpuhost/observe/telemetry.py) on the twin gives the fields the
+    real H200 gave (tests/fixtures/captures/h200x1-telemetry), unavailable ones [N/A] alike."""
+    from gpuhost.observe.telemetry import NvidiaTelemetry, parse_telemetry
+
+    probe = NvidiaTelemetry()
+    twin = probe.process(ht.run_capture_cmd(h200, probe.command()).stdout.splitlines())
+    captured = ht.CAPTURES / "h200x1-telemetry"
+    fields = tuple((captured / "fields").read_text().strip().split(","))
+    lines = [*(captured / "query-gpu.csv").read_text().splitlines(), "#gpuhost-exit=0"]
+    (real,) = parse_telemetry(lines, fields).gpus
+    assert twin.error is None and len(twin.gpus) == 2
+    for gpu in twin.gpus:
+        assert set(gpu.text) == set(real.text)
+        assert set(gpu.values) == {k for k in real.values if not k.startswith("clocks_")}
+        assert gpu.values["persistence_mode"] in (0, 1) and gpu.text["name"] == "NVIDIA H200"

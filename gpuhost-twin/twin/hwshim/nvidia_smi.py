@@ -10,6 +10,7 @@ import signal
 import time
 
 from .common import err, hwsim, load_hw, out
+from .smi_health import HBM_BOARD, memory_health
 from .smi_text import (
     BAR,
     CUDA_BY_BRANCH,
@@ -169,6 +170,8 @@ def query_value(field: str, g: dict, hw: hwsim.Hw, count: int) -> str:
         "memory.used": "0 MiB",
         "memory.free": f"{g['memory_mib'] - reserved + 1} MiB",
         "temperature.gpu": str(g["temperature_c"]),
+        # the real H200 read its HBM 5 degrees above the core (35, 40) at idle
+        "temperature.memory": str(g["temperature_c"] + 5) if HBM_BOARD.search(g["name"]) else na,
         "power.draw": f"{g['power_draw_w']:.2f} W",
         "power.limit": f"{g['power_limit_w']:.2f} W",
         "enforced.power.limit": f"{g['power_limit_w']:.2f} W",
@@ -185,6 +188,7 @@ def query_value(field: str, g: dict, hw: hwsim.Hw, count: int) -> str:
         "pcie.link.width.max": "16",
         "pcie.link.width.current": "16",
         "timestamp": time.strftime("%Y/%m/%d %H:%M:%S.000"),
+        **memory_health(g),
     }
     if field not in values:
         raise SmiError(f'Field "{field}" is not a valid field to query.\n\n', 2)
