@@ -65,7 +65,7 @@ def _install_runtime(key: str, upload: str) -> str:
     return (
         f"rm -rf {q(part)} && mkdir -p {q(part)} && tar -xzf {q(upload)} -C {q(part)} && "
         f"cd / && PYTHONPATH={q(part + '/site')} /usr/bin/python3 -s -c "
-        f"{q('import gpuhost.audit.run, gpuhost.plan.make')} && "
+        f"{q(f'import gpuhost.audit.run, gpuhost.plan.make, {METRICS_MODULE}')} && "
         f"rm -rf {q(f'{RUNTIME_DIR}/{key}')} && mv {q(part)} {q(f'{RUNTIME_DIR}/{key}')} && "
         f"ln -sfn {q(key)} {q(link_new)} && mv -fT {q(link_new)} {q(RUNTIME_LINK)} && "
         f"rm -f {q(upload)} && cd {q(RUNTIME_DIR)} && for d in * .*.part; do "

@@ -15,7 +15,15 @@ EXPORTER_PACKAGE = "prometheus-node-exporter"
 EXPORTER_UNIT = "prometheus-node-exporter.service"
 METRICS_UNIT = "gpuhost-metrics.service"
 METRICS_TIMER = "gpuhost-metrics.timer"
-_KEYS = ("python", "runtime", "exporter", "exporter_active", "timer_active", "metrics_age")
+_KEYS = (
+    "python",
+    "runtime",
+    "runtime_age",
+    "exporter",
+    "exporter_active",
+    "timer_active",
+    "metrics_age",
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,7 @@ class MonitoringState:
     exporter_active: bool = False
     timer_active: bool = False
     metrics_age: int | None = None  # seconds since the metrics file was written; None: no file
+    runtime_age: int | None = None  # seconds since the runtime link was switched; None: no link
 
 
 def parse_monitoring(lines: list[str]) -> MonitoringState:
@@ -37,9 +46,12 @@ def parse_monitoring(lines: list[str]) -> MonitoringState:
         values[key] = value.strip()
     python = re.fullmatch(r"Python (3\.[0-9]+)\.[0-9]+\S*", values.get("python", ""))
     exporter = values.get("exporter", "").split()
-    age = values.get("metrics_age", "")
-    if age and not re.fullmatch(r"-?[0-9]+", age):
-        raise UnparsedOutput("monitoring state", f"metrics_age={age}")
+    ages: dict[str, int | None] = {}
+    for key in ("metrics_age", "runtime_age"):
+        age = values.get(key, "")
+        if age and not re.fullmatch(r"-?[0-9]+", age):
+            raise UnparsedOutput("monitoring state", f"{key}={age}")
+        ages[key] = max(int(age), 0) if age else None  # a clock step back reads as 0
     return MonitoringState(
         python=python[1] if python else None,
         runtime=values.get("runtime") or None,
@@ -47,14 +59,16 @@ def parse_monitoring(lines: list[str]) -> MonitoringState:
         exporter=exporter[1] if len(exporter) == 2 and exporter[0] == "ii" else None,
         exporter_active=values.get("exporter_active") == "active",
         timer_active=values.get("timer_active") == "active",
-        metrics_age=max(int(age), 0) if age else None,
+        metrics_age=ages["metrics_age"],
+        runtime_age=ages["runtime_age"],
     )
 
 
 class MonitoringStateFact(Probe[MonitoringState]):
     """
     Returns the host's :class:`MonitoringState`: python3's version, the metrics runtime link
-    (/opt/gpuhost/current), prometheus-node-exporter's package and service, the metrics timer,
+    (/opt/gpuhost/current) and its age (the link's own mtime: the install switched it then),
+    prometheus-node-exporter's package and service, the metrics timer,
     and the age in seconds of the file the timer writes (its path is the OUT= line of the
     script the timer runs).
     """
@@ -65,6 +79,8 @@ class MonitoringStateFact(Probe[MonitoringState]):
         return (
             'echo "python=$(python3 -V 2>/dev/null)"; '
             f'echo "runtime=$(readlink {RUNTIME_LINK} 2>/dev/null)"; '
+            f"if [ -L {RUNTIME_LINK} ]; then "
+            f'echo "runtime_age=$(( $(date +%s) - $(stat -c %Y {RUNTIME_LINK}) ))"; fi; '
             "echo \"exporter=$(dpkg-query -W -f '${db:Status-Abbrev} ${Version}' "
             f'{EXPORTER_PACKAGE} 2>/dev/null)"; '
             f'echo "exporter_active=$(systemctl is-active {EXPORTER_UNIT} 2>/dev/null)"; '

@@ -19,8 +19,9 @@ from gpuhost.paths import CONFIG_DIR, METRICS_SCRIPT, RUNTIME_LINK
 from gpuhost.plan.model import ManagedFile
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.monitoring import DEBIAN_TEXTFILE_DIR
+from gpuhost.spec.specfile import dump_spec
 
-SPEC_FILE = f"{CONFIG_DIR}/spec.json"  # the name gpuhost/spec/specfile.py gives it
+SPEC_FILE = f"{CONFIG_DIR}/spec.json"  # gpuhost/spec/specfile.py: dump_spec, load_spec
 UNIT_DIR = "/etc/systemd/system"
 SERVICE_FILE = f"{UNIT_DIR}/{METRICS_UNIT}"
 TIMER_FILE = f"{UNIT_DIR}/{METRICS_TIMER}"
@@ -43,12 +44,6 @@ class MonitoringPlan:
     exporter_dropin: bool  # node_exporter needs gpuhost's drop-in (listen address, directory)
     python: str | None  # the host's python3 (major.minor) the runtime is for; None: none found
     package: str = EXPORTER_PACKAGE
-
-
-def host_spec_json(spec: HostSpec) -> str:
-    """The spec the timer audits the host against: the host's validated spec as JSON (it holds
-    no secret: the API token is only named, by variable or file)."""
-    return spec.model_dump_json(indent=2) + "\n"
 
 
 def metrics_script(host: str, out: str) -> str:
@@ -139,7 +134,7 @@ def plan_monitoring(
             exporter_dropin=dropin,
             python=state.python if state is not None else None,
         )
-        wanted[SPEC_FILE] = host_spec_json(spec)
+        wanted[SPEC_FILE] = dump_spec(spec)  # secret-named env values redacted
         wanted[METRICS_SCRIPT] = metrics_script(host, out)
         wanted[SERVICE_FILE] = service_unit(mon.interval_seconds)
         wanted[TIMER_FILE] = timer_unit(mon.interval_seconds)

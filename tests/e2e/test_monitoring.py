@@ -13,11 +13,14 @@ test starts the service the timer starts).
 from __future__ import annotations
 
 import copy
+import os
 import re
+import shlex
 import time
 import urllib.request
 from pathlib import Path
 
+from gpuhost.observe.monitoring import MonitoringStateFact
 from tests.e2e.conftest import deploy, inventory, with_driver
 from tests.e2e.test_boot_slice import KPRO6
 
@@ -66,6 +69,9 @@ def test_node_exporter_serves_the_checks_and_a_drift(fresh, modules, tmp_path: P
     assert "node_textfile_scrape_error 0" in text  # the file is readable by node_exporter
     assert check_value(text, "devices.nodes", twin.name) == "1", text[-3000:]
 
+    if os.environ.get("GPUHOST_CAPTURE_MONITORING"):  # tests/fixtures/captures/monitoring
+        command = shlex.quote(MonitoringStateFact().command())
+        Path(os.environ["GPUHOST_CAPTURE_MONITORING"]).write_text(twin.run(f"sh -c {command}")[1])
     second = deploy(inv, env=CACHE)
     assert second.rc == 0, second.output
     assert not second.changed, second.output
@@ -82,4 +88,7 @@ def test_node_exporter_serves_the_checks_and_a_drift(fresh, modules, tmp_path: P
         f"\nthe service's run on the twin: {seconds:.2f} s; after the drift:\n" + "\n".join(lines)
     )
     assert check_value(text, "devices.nodes", twin.name) == "0", "\n".join(lines)
+    # the timer's own checks: in place, and the file the last run wrote is recent
+    assert check_value(text, "monitoring.timer", twin.name) == "1"
+    assert check_value(text, "monitoring.fresh", twin.name) == "1"
     assert re.search(r"^gpuhost_audit_last_run_timestamp_seconds\{.*\} \S+$", text, re.M)

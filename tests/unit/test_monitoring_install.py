@@ -3,6 +3,8 @@ MonitoringState probe on real output, the runtime's contents, and the deploy's o
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,11 +98,13 @@ def test_monitoring_on_plans_the_units_the_script_and_the_spec() -> None:
     assert files[planmon.TIMER_WANTS].link == planmon.TIMER_FILE
     service = files[planmon.SERVICE_FILE].content or ""
     assert "Type=oneshot" in service and "IOSchedulingClass=idle" in service
-    assert "TimeoutStartSec=120" in service and "ExecStart=/usr/local/lib/gpuhost/metrics" in service
+    assert (
+        "TimeoutStartSec=120" in service and "ExecStart=/usr/local/lib/gpuhost/metrics" in service
+    )
     script = files["/usr/local/lib/gpuhost/metrics"]
     assert script.mode == "755"
     assert "OUT=/var/lib/prometheus/node-exporter/gpuhost.prom\n" in (script.content or "")
-    assert "--host-name \"$HOST\"" in (script.content or "")
+    assert '--host-name "$HOST"' in (script.content or "")
     assert HostSpec.model_validate_json(files[planmon.SPEC_FILE].content or "") == spec(**ON)
     assert files[planmon.SPEC_FILE].mode == "600"
     # Debian's defaults need no drop-in
@@ -174,25 +178,42 @@ def test_the_runtime_holds_the_audits_imports_and_none_of_the_control_side() -> 
     assert shipped == {"gpuhost", "files", "templates"}
 
 
-BLOCKER = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {blocked!r}:
-            raise ImportError("not in the host runtime: " + name)
-sys.meta_path.insert(0, Block())
-import gpuhost.audit.run, gpuhost.plan.make
-"""
+def _pinned_modules(python: str) -> set[Path]:
+    """The top-level modules and packages of the runtime's pinned distributions, here."""
+    found = set()
+    for pin in runtime.pins(python):
+        dist = importlib.metadata.distribution(pin.split("==")[0])
+        for file in dist.files or []:
+            top = file.parts[0]
+            if top.endswith((".dist-info", ".data")) or top == "..":
+                continue
+            found.add(Path(str(dist.locate_file(top))))
+    return found
 
 
-def test_what_the_host_imports_needs_only_the_runtime() -> None:
-    """The install's own check on the host (deploys/monitoring.py) imports these; nothing of
-    the control side may come with them."""
-    blocked = {"pyinfra", "pyinfra_cli", "paramiko", "proxmoxer", "requests", "pytest", "yaml"}
-    blocked |= {"testinfra", "gevent", "uv"}
-    code = BLOCKER.format(blocked=sorted(blocked))
-    root = Path(__file__).parents[2]
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+def test_what_the_timer_imports_needs_only_the_runtimes_pins(tmp_path: Path) -> None:
+    """The install's own check on the host (deploys/monitoring.py) imports the audit, the
+    planner and the metrics command: with gpuhost and the modules of the runtime's pins alone
+    (no site-packages), as on the host, and nothing of the control side comes with them."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for path in _pinned_modules(f"{sys.version_info[0]}.{sys.version_info[1]}"):
+        (site / path.name).symlink_to(path)
+    for name, _ in runtime._sources():
+        top = name.split("/")[1]
+        if not (site / top).exists():
+            (site / top).symlink_to(Path(__file__).parents[2] / top)
+    code = (
+        "import sys, gpuhost.audit.run, gpuhost.plan.make, gpuhost.cli, gpuhost.metrics.command\n"
+        "assert not {'pyinfra', 'testinfra', 'paramiko', 'pytest', 'yaml'} & set(sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-s", "-S", "-c", code],
+        env={"PYTHONPATH": str(site), "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -269,8 +290,9 @@ def test_what_the_host_lacks_starts_it_again(change: dict[str, Any], restart: bo
     step = monitoring._step(plan.monitoring)
     commands = _run(monitoring.started, fake, wanted=plan.monitoring, files=plan.files, step=step)
     assert commands[0].endswith("touch /var/lib/gpuhost/pending-monitoring")
-    assert "systemctl start gpuhost-metrics.timer && systemctl start gpuhost-metrics.service" in (
-        commands[1]
+    assert (
+        "systemctl start gpuhost-metrics.timer && systemctl start gpuhost-metrics.service"
+        in (commands[1])
     )
     assert ("systemctl restart prometheus-node-exporter.service" in commands[1]) == restart
     assert commands[1].endswith("rm -f /var/lib/gpuhost/pending-monitoring")
@@ -291,7 +313,7 @@ def test_another_runtime_is_uploaded_and_switched_with_one_rename(tmp_path: Path
     assert type(upload).__name__ == "FileUploadCommand"
     install = commands[2]
     assert f"tar -xzf /opt/gpuhost/.upload-{key}.tar.gz -C /opt/gpuhost/.{key}.part" in install
-    assert "import gpuhost.audit.run, gpuhost.plan.make" in install
+    assert "import gpuhost.audit.run, gpuhost.plan.make, gpuhost.cli" in install
     # the link moves last, by rename: a killed run leaves the old runtime in use
     assert install.index("mv -fT /opt/gpuhost/.current.new /opt/gpuhost/current") > install.index(
         "/usr/bin/python3 -s -c"
