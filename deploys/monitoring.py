@@ -165,19 +165,25 @@ def started(wanted: MonitoringPlan, files: dict[str, ManagedFile], step: FollowU
 @operation()
 def removed(step: FollowUp, out: str | None):
     """
-    Monitoring is off: stop the timer, remove the runtime and the metrics file.
+    Monitoring is off: stop the timer, remove the runtime and the metrics file; node_exporter
+    (kept) is restarted without gpuhost's drop-in where it had one.
 
     + step: the reload after the unit files went
     + out: the metrics file the old script wrote (None: none)
     """
-    state = _state()
+    state, managed = _state(), observed(host).managed
     if state.timer_active:
         yield f"systemctl stop {METRICS_TIMER}"
     if state.runtime is not None:
         yield f"rm -rf {q(RUNTIME_DIR)}"
     if out is not None and state.metrics_age is not None:
         yield f"rm -f {q(out)}"
-    yield f"{step.command} && rm -f {q(step.marker)}"
+    command = f"{step.command} && rm -f {q(step.marker)}"
+    if managed is not None and EXPORTER_DROPIN in managed.files:
+        command = (
+            f"{step.command} && systemctl try-restart {EXPORTER_UNIT} && rm -f {q(step.marker)}"
+        )
+    yield command
 
 
 def _old_out() -> str | None:

@@ -7,7 +7,8 @@ twin's python3 and enables gpuhost-metrics.timer; its one run of gpuhost-metrics
 the metrics, which a scrape of node_exporter shows. A second deploy changes nothing. A planted
 drift (a GPU node gone) turns its check to 0 in the next scrape, after the service's next run
 (the twin's systemctl runs a oneshot's start as systemd would; timers are not simulated, so the
-test starts the service the timer starts).
+test starts the service the timer starts). On the PVE 9 twin (Debian 13) the same install
+runs with trixie's python3.13 (its own pydantic-core wheel) and node_exporter 1.9.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from gpuhost.observe.monitoring import MonitoringStateFact
 from tests.e2e.conftest import deploy, inventory, with_driver
 from tests.e2e.test_boot_slice import KPRO6
+from tests.e2e.test_pve9 import PVE9_SPEC, trixie_modules  # noqa: F401  (a fixture)
 
 PORT = 19100  # on the twin's own address (127.0.0.N): unique to the twin
 SERVICE = "gpuhost-metrics.service"
@@ -92,3 +94,21 @@ def test_node_exporter_serves_the_checks_and_a_drift(fresh, modules, tmp_path: P
     assert check_value(text, "monitoring.timer", twin.name) == "1"
     assert check_value(text, "monitoring.fresh", twin.name) == "1"
     assert re.search(r"^gpuhost_audit_last_run_timestamp_seconds\{.*\} \S+$", text, re.M)
+
+
+def test_the_same_on_debian_13(fresh, trixie_modules, tmp_path: Path) -> None:  # noqa: F811
+    twin = fresh("kpro6-pve9")
+    with_driver(twin, trixie_modules, PVE9_SPEC["driver"]["version"])
+    spec = copy.deepcopy(PVE9_SPEC)
+    spec["monitoring"] = {"enabled": True, "listen_address": f"{twin.address}:{PORT}"}
+    inv = inventory(tmp_path / "inv.py", twin, spec)
+    first = deploy(inv, env=CACHE)
+    assert first.rc == 0, first.output[-5000:]
+    twin.reconnect()
+    assert twin.run("readlink /opt/gpuhost/current")[0] == 0
+    assert "cpython-313" in twin.run("ls /opt/gpuhost/current/site/pydantic_core")[1]
+    text = scrape(twin.address)
+    assert "node_textfile_scrape_error 0" in text
+    assert check_value(text, "devices.nodes", twin.name) == "1", text[-3000:]
+    second = deploy(inv, env=CACHE)
+    assert second.rc == 0 and not second.changed, second.output[-3000:]

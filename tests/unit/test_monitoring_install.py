@@ -318,3 +318,20 @@ def test_another_runtime_is_uploaded_and_switched_with_one_rename(tmp_path: Path
     assert install.index("mv -fT /opt/gpuhost/.current.new /opt/gpuhost/current") > install.index(
         "/usr/bin/python3 -s -c"
     )
+
+
+def test_monitoring_turned_off_removes_what_it_installed() -> None:
+    _, held = _planned()
+    held[planmon.EXPORTER_DROPIN] = "[Service]\nExecStart=\n"
+    fake = MonitoredHost(held, _converged("0123456789abcdef"))
+    step = monitoring._step(None)
+    commands = _run(monitoring.removed, fake, step=step, out="/var/lib/x/gpuhost.prom")
+    assert commands == [
+        "systemctl stop gpuhost-metrics.timer",
+        "rm -rf /opt/gpuhost",
+        "rm -f /var/lib/x/gpuhost.prom",
+        "systemctl daemon-reload && systemctl try-restart prometheus-node-exporter.service && "
+        "rm -f /var/lib/gpuhost/pending-monitoring",
+    ]
+    off = make_plan("kpro6", spec(), facts_with())
+    assert all(not off.files[p].present for p in planmon.FILES)
