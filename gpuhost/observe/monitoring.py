@@ -15,6 +15,7 @@ EXPORTER_PACKAGE = "prometheus-node-exporter"
 EXPORTER_UNIT = "prometheus-node-exporter.service"
 METRICS_UNIT = "gpuhost-metrics.service"
 METRICS_TIMER = "gpuhost-metrics.timer"
+TIMER_PATH = f"/etc/systemd/system/{METRICS_TIMER}"
 _KEYS = (
     "python",
     "runtime",
@@ -76,6 +77,7 @@ class MonitoringStateFact(Probe[MonitoringState]):
     default = MonitoringState
 
     def command(self) -> str:
+        # systemctl only where there is a unit to ask about: most hosts have neither
         return (
             'echo "python=$(python3 -V 2>/dev/null)"; '
             f'echo "runtime=$(readlink {RUNTIME_LINK} 2>/dev/null)"; '
@@ -83,8 +85,10 @@ class MonitoringStateFact(Probe[MonitoringState]):
             f'echo "runtime_age=$(( $(date +%s) - $(stat -c %Y {RUNTIME_LINK}) ))"; fi; '
             "echo \"exporter=$(dpkg-query -W -f '${db:Status-Abbrev} ${Version}' "
             f'{EXPORTER_PACKAGE} 2>/dev/null)"; '
-            f'echo "exporter_active=$(systemctl is-active {EXPORTER_UNIT} 2>/dev/null)"; '
-            f'echo "timer_active=$(systemctl is-active {METRICS_TIMER} 2>/dev/null)"; '
+            f"if command -v {EXPORTER_PACKAGE} >/dev/null; then "
+            f'echo "exporter_active=$(systemctl is-active {EXPORTER_UNIT} 2>/dev/null)"; fi; '
+            f"if [ -e {TIMER_PATH} ]; then "
+            f'echo "timer_active=$(systemctl is-active {METRICS_TIMER} 2>/dev/null)"; fi; '
             f"out=$(sed -n 's/^OUT=//p' {METRICS_SCRIPT} 2>/dev/null); "
             'if [ -n "$out" ] && [ -f "$out" ]; then '
             'echo "metrics_age=$(( $(date +%s) - $(stat -c %Y "$out") ))"; fi; true'

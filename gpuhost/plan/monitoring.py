@@ -14,7 +14,13 @@ import shlex
 from dataclasses import dataclass
 
 from gpuhost.observe.hostfacts import HostFacts
-from gpuhost.observe.monitoring import EXPORTER_PACKAGE, EXPORTER_UNIT, METRICS_TIMER, METRICS_UNIT
+from gpuhost.observe.monitoring import (
+    EXPORTER_PACKAGE,
+    EXPORTER_UNIT,
+    METRICS_TIMER,
+    METRICS_UNIT,
+    TIMER_PATH,
+)
 from gpuhost.paths import CONFIG_DIR, METRICS_SCRIPT, RUNTIME_LINK
 from gpuhost.plan.model import ManagedFile
 from gpuhost.spec.host import HostSpec
@@ -24,7 +30,7 @@ from gpuhost.spec.specfile import dump_spec
 SPEC_FILE = f"{CONFIG_DIR}/spec.json"  # gpuhost/spec/specfile.py: dump_spec, load_spec
 UNIT_DIR = "/etc/systemd/system"
 SERVICE_FILE = f"{UNIT_DIR}/{METRICS_UNIT}"
-TIMER_FILE = f"{UNIT_DIR}/{METRICS_TIMER}"
+TIMER_FILE = TIMER_PATH
 TIMER_WANTS = f"{UNIT_DIR}/timers.target.wants/{METRICS_TIMER}"
 EXPORTER_DROPIN = f"{UNIT_DIR}/{EXPORTER_UNIT}.d/gpuhost-monitoring.conf"
 EXPORTER_BINARY = "/usr/bin/prometheus-node-exporter"  # the Debian unit's ExecStart=
