@@ -335,3 +335,15 @@ def test_monitoring_turned_off_removes_what_it_installed() -> None:
     ]
     off = make_plan("kpro6", spec(), facts_with())
     assert all(not off.files[p].present for p in planmon.FILES)
+
+
+def test_the_plan_says_what_monitors_the_host() -> None:
+    from gpuhost.plan.render import render_plan
+
+    text = render_plan(make_plan("kpro6", spec(**ON), facts_with()))
+    assert (
+        "monitoring: gpuhost-metrics.timer every 120 s -> "
+        "/var/lib/prometheus/node-exporter/gpuhost.prom (runtime for python 3.11), "
+        "Debian's node_exporter" in text
+    )
+    assert "monitoring:" not in render_plan(make_plan("kpro6", spec(), facts_with()))
