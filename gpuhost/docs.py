@@ -160,7 +160,8 @@ def _usage(name: str, parser: argparse.ArgumentParser) -> str:
         if isinstance(action, argparse._HelpAction):
             continue
         if not action.option_strings:
-            words.append((action.metavar or action.dest).upper())
+            word = (action.metavar or action.dest).upper()
+            words.append(f"[{word}]" if action.nargs == "?" else word)
             continue
         flag = action.option_strings[-1]
         if action.nargs != 0:

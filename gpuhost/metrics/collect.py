@@ -13,6 +13,7 @@ from gpuhost.audit.run import HostAudit, audit_all, read_host
 from gpuhost.metrics import families as m
 from gpuhost.metrics.render import Sample, sample
 from gpuhost.observe.cuda import DEFAULT_SIZES
+from gpuhost.observe.parse import UnparsedOutput
 from gpuhost.observe.telemetry import NvidiaTelemetry, Telemetry
 from gpuhost.plan.guests.devices import node_minor
 from gpuhost.spec.guests import LxcGuest
@@ -35,9 +36,14 @@ class Measured:
 
 
 def read_telemetry(run: Runner) -> Telemetry:
+    """The GPUs' telemetry; output it cannot read is reported (telemetry_up 0), and the audit's
+    metrics are written all the same."""
     probe = NvidiaTelemetry()
     _, stdout, _ = run(probe.command())
-    return probe.process(stdout.splitlines())
+    try:
+        return probe.process(stdout.splitlines())
+    except UnparsedOutput as exc:
+        return Telemetry(error=str(exc))
 
 
 def measure(

@@ -238,3 +238,45 @@ def test_the_local_command_runs_without_the_control_side_packages(tmp_path: Path
     )
     assert done.returncode == 2, done.stderr
     assert "/nonexistent.json: cannot read the host spec" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
+            "#gpuhost-exit=9\n",
+            "NVIDIA-SMI has failed",
+        ),
+        ("0, 00000000:00:06.0, only three cells\n#gpuhost-exit=0\n", "cells for"),
+    ],
+)
+def test_telemetry_that_cannot_be_read_leaves_the_audit_metrics(answer, why):
+    from gpuhost.observe.telemetry import NvidiaTelemetry
+
+    def run(command: str) -> tuple[int, str, str]:
+        return (0, answer, "") if command == NvidiaTelemetry().command() else replay(command)
+
+    spec = load_inventory("inventory/h200.py")["h200"][0]
+    measured = measure("h200", spec, run)
+    assert why in (measured.telemetry.error or "")
+    found = series(render(samples("h200", measured)))
+    assert found['gpuhost_gpu_telemetry_up{host="h200"}'] == 0
+    assert found['gpuhost_check_ok{host="h200",guest="",check="driver.version"}'] == 1
+    assert not [k for k in found if k.startswith("gpuhost_gpu_") and "telemetry_up" not in k]
+
+
+def test_inventory_mode_refuses_an_unknown_host_and_host_key_before_connecting(tmp_path, capsys):
+    inventory = tmp_path / "h200.py"
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    inventory.write_text(
+        "from gpuhost.spec.inventory import gpu_host\n"
+        "hosts = [gpu_host('h200', {'kernel': {'version': '6.8.12-9-pve'}, "
+        "'driver': {'version': '580.159.04'}}, ssh_hostname='192.0.2.1', "
+        f"ssh_known_hosts_file={str(known)!r})]\n"
+    )
+    assert main(["metrics", str(inventory), "--host", "nope"]) == 2
+    assert "no host 'nope'" in capsys.readouterr().err
+    assert main(["metrics", str(inventory)]) == 2  # 192.0.2.1 is TEST-NET: never reached
+    assert "192.0.2.1" in capsys.readouterr().err

@@ -12,6 +12,8 @@ from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import load_inventory
 from gpuhost.spec.specfile import REDACTED, SpecFileError, dump_spec, load_spec, redacted_guests
 
+SPECFILES = Path(__file__).parents[1] / "fixtures/specfiles"
+WRONG = "tests/fixtures/inventories/audit/h200_wrong.py"
 INVENTORIES = ["inventory/h200.py", "inventory/kpro6.py", "inventory/kpro5.py"]
 
 
@@ -48,3 +50,13 @@ def test_a_bad_spec_file_names_the_file_and_the_field(tmp_path: Path):
     assert str(path) in str(err.value) and "driver.version" in str(err.value)
     with pytest.raises(FileNotFoundError, match="cannot read the host spec"):
         load_spec(tmp_path / "absent.json")
+
+
+@pytest.mark.parametrize(
+    ("inventory", "host", "name"),
+    [("inventory/h200.py", "h200", "h200"), (WRONG, "h200-driver", "h200-driver")],
+)
+def test_the_spec_files_tools_carry_are_the_inventories(inventory, host, name):
+    """tests/fixtures/specfiles (tools/device-metrics.sh audits the GPU machine against them);
+    a field added to the spec since reads as its default."""
+    assert load_spec(SPECFILES / f"{name}.json") == load_inventory(inventory)[host][0]
