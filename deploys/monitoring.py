@@ -55,7 +55,10 @@ def _key(wanted: MonitoringPlan) -> str:
             "the audit with it); install Debian's python3 there (apt-get install python3), or "
             "set monitoring.enabled: false"
         )
-    return runtime_key(wanted.python)
+    try:
+        return runtime_key(wanted.python)
+    except RuntimeBuildError as exc:
+        raise DeployError(f"{host.name}: {exc}") from None
 
 
 def _install_runtime(key: str, upload: str) -> str:

@@ -73,6 +73,11 @@ def pins(python: str) -> list[str]:
 
 def _sources() -> list[tuple[str, Path]]:
     """(path in the runtime, file here) for gpuhost's package, files/ and templates/."""
+    if not (_CHECKOUT / "files").is_dir():  # the planner reads them beside the package
+        raise RuntimeBuildError(
+            f"no files/ beside {_PACKAGE}: the metrics runtime is made from a gpuhost checkout "
+            "(run pyinfra from it, as the deploys need)"
+        )
     out = []
     for top, under in (("gpuhost", _PACKAGE), ("files", _CHECKOUT / "files")):
         out += [(f"{SITE}/{top}/{p.relative_to(under)}", p) for p in sorted(under.rglob("*"))]
