@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -347,3 +348,28 @@ def test_the_plan_says_what_monitors_the_host() -> None:
         "Debian's node_exporter" in text
     )
     assert "monitoring:" not in render_plan(make_plan("kpro6", spec(), facts_with()))
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_systemd_takes_the_units(tmp_path: Path) -> None:
+    """systemd's own parser (systemd-analyze verify) accepts the service and the timer as
+    planned, the script path moved into the temporary directory (verify wants it there)."""
+    script = tmp_path / "metrics"
+    script.write_text(planmon.metrics_script("kpro6", "/var/lib/x/gpuhost.prom"))
+    script.chmod(0o755)
+    service = planmon.service_unit(300).replace("/usr/local/lib/gpuhost/metrics", str(script))
+    (tmp_path / "gpuhost-metrics.service").write_text(service)
+    (tmp_path / "gpuhost-metrics.timer").write_text(planmon.timer_unit(300))
+    done = subprocess.run(
+        [
+            "systemd-analyze",
+            "verify",
+            "--man=no",
+            "gpuhost-metrics.timer",
+            "gpuhost-metrics.service",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
