@@ -17,6 +17,7 @@ $GPUHOST_RUNTIME_CACHE (default ~/.cache/gpuhost/runtime).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -90,6 +91,7 @@ def _sources() -> list[tuple[str, Path]]:
     )
 
 
+@functools.cache  # once per run: the files do not change under a running deploy
 def runtime_key(python: str) -> str:
     """The name of the runtime for ``python``: a hash of its pins and gpuhost's files."""
     digest = hashlib.sha256(f"python {python}\n".encode())
