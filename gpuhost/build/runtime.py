@@ -108,14 +108,26 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache/gpuhost/runtime"
 
 
+KEEP = 8  # cached runtimes kept (each a few MB): the ones used last, per python version
+
+
+def _prune(root: Path) -> None:
+    """Remove the cached runtimes beyond the KEEP used last (gpuhost's code moved on)."""
+    cached = sorted(root.glob("*.tar.gz"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in cached[KEEP:]:
+        old.unlink(missing_ok=True)
+
+
 def build_runtime(python: str, cache: Path | None = None) -> tuple[str, Path]:
     """(key, tarball) of the runtime for ``python``, built unless cached."""
     key = runtime_key(python)
     root = cache or cache_dir()
     tarball = root / f"{key}.tar.gz"
     if tarball.is_file():
+        os.utime(tarball)  # in use: pruning keeps the runtimes used last
         return key, tarball
     root.mkdir(parents=True, exist_ok=True)
+    _prune(root)
     with tempfile.TemporaryDirectory(prefix="gpuhost-runtime-", dir=root) as tmp:
         site = Path(tmp) / SITE
         (Path(tmp) / "requirements.txt").write_text("".join(f"{p}\n" for p in pins(python)))

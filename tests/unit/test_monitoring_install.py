@@ -373,3 +373,16 @@ def test_systemd_takes_the_units(tmp_path: Path) -> None:
         text=True,
     )
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+def test_a_cached_runtime_is_used_and_old_ones_go(tmp_path: Path) -> None:
+    key = runtime.runtime_key("3.11")
+    for i in range(runtime.KEEP + 3):
+        old = tmp_path / f"old{i:02d}.tar.gz"
+        old.write_bytes(b"")
+        os.utime(old, (1000 + i, 1000 + i))
+    (tmp_path / f"{key}.tar.gz").write_bytes(b"cached")
+    assert runtime.build_runtime("3.11", tmp_path) == (key, tmp_path / f"{key}.tar.gz")
+    runtime._prune(tmp_path)
+    left = sorted(p.name for p in tmp_path.glob("*.tar.gz"))
+    assert f"{key}.tar.gz" in left and len(left) == runtime.KEEP and "old00.tar.gz" not in left
