@@ -55,7 +55,9 @@ def test_node_exporter_serves_the_checks_and_a_drift(fresh, modules, tmp_path: P
         "listen_address": f"{twin.address}:{PORT}",
     }
     inv = inventory(tmp_path / "inv.py", twin, spec)
+    started = time.monotonic()
     first = deploy(inv, env=CACHE)
+    print(f"\nfirst deploy (with the trial boot): {time.monotonic() - started:.1f} s")
     assert first.rc == 0, first.output
     twin.reconnect()
     rc, out, _ = twin.run("dpkg-query -W -f '${db:Status-Abbrev}' prometheus-node-exporter")
@@ -74,7 +76,9 @@ def test_node_exporter_serves_the_checks_and_a_drift(fresh, modules, tmp_path: P
     if os.environ.get("GPUHOST_CAPTURE_MONITORING"):  # tests/fixtures/captures/monitoring
         command = shlex.quote(MonitoringStateFact().command())
         Path(os.environ["GPUHOST_CAPTURE_MONITORING"]).write_text(twin.run(f"sh -c {command}")[1])
+    started = time.monotonic()
     second = deploy(inv, env=CACHE)
+    print(f"converged re-run with monitoring on: {time.monotonic() - started:.1f} s")
     assert second.rc == 0, second.output
     assert not second.changed, second.output
 
@@ -94,6 +98,20 @@ def test_node_exporter_serves_the_checks_and_a_drift(fresh, modules, tmp_path: P
     assert check_value(text, "monitoring.timer", twin.name) == "1"
     assert check_value(text, "monitoring.fresh", twin.name) == "1"
     assert re.search(r"^gpuhost_audit_last_run_timestamp_seconds\{.*\} \S+$", text, re.M)
+
+    # a run killed while it installed a new runtime: uploaded and half unpacked, the link still
+    # on the old one (here the runtime in use, renamed); the next run converges
+    key = twin.run("readlink /opt/gpuhost/current")[1].strip()
+    old = "0123456789abcdef"
+    planted = (
+        f"cd /opt/gpuhost && mv {key} {old} && ln -sfn {old} current && mkdir .{key}.part && "
+        f"touch .{key}.part/KEY .upload-{key}.tar.gz"
+    )
+    assert twin.run(planted)[0] == 0
+    third = deploy(inv, env=CACHE)
+    assert third.rc == 0 and third.changed, third.output[-3000:]
+    assert twin.run("ls -A /opt/gpuhost")[1].split() == [key, "current"]
+    assert twin.run("readlink /opt/gpuhost/current")[1].strip() == key
 
 
 def test_the_same_on_debian_13(fresh, trixie_modules, tmp_path: Path) -> None:  # noqa: F811
