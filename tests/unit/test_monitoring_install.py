@@ -386,3 +386,12 @@ def test_a_cached_runtime_is_used_and_old_ones_go(tmp_path: Path) -> None:
     runtime._prune(tmp_path)
     left = sorted(p.name for p in tmp_path.glob("*.tar.gz"))
     assert f"{key}.tar.gz" in left and len(left) == runtime.KEEP and "old00.tar.gz" not in left
+
+
+def test_the_real_gpu_machine_that_ran_the_runtime() -> None:
+    # tests/fixtures/captures/monitoring/h200-runtime: Ubuntu 24.04's python3 3.12, no dpkg
+    # record of node_exporter (an empty answer), the runtime linked by hand as "k"
+    lines = (CAPTURES / "h200-runtime/MonitoringState.out").read_text().splitlines()
+    assert parse_monitoring(lines) == MonitoringState(python="3.12", runtime="k", runtime_age=7)
+    log = (CAPTURES / "h200-runtime/run.log").read_text()
+    assert log.count("rc=0") == 3 and "control side loaded: []" in log
