@@ -2,12 +2,13 @@
 host's own python3, made on the control machine (the host needs no package index).
 
 Its contents: gpuhost's package and the checkout's files/ and templates/ (the planner reads
-them beside the package), and the wheels of pydantic, jinja2 and packaging with their dependencies at the
-versions this control machine runs, installed (`pip install --target`, binary wheels only) for
-the host's CPython version: pydantic-core is compiled, so Debian 12's 3.11 and Debian 13's 3.13
-need wheels of their own. pip fetches them with this machine's own configuration (pip.conf,
-PIP_* variables); no index is named here. pyinfra, paramiko and the rest of the control side
-stay out: `python3 -m gpuhost.cli metrics --local` must not need them.
+them beside the package), and the wheels of pydantic, jinja2 and packaging with their
+dependencies at the versions this control machine runs, installed for the host's CPython
+version (pydantic-core is compiled, so Debian 12's 3.11 and Debian 13's 3.13 need wheels of
+their own): binary wheels only, by this Python's pip with this machine's pip configuration
+(pip.conf, PIP_* variables), or by gpuhost's uv with its own (uv.toml, UV_*) where there is no
+pip; no index is named here. pyinfra, paramiko and the rest of the control side stay out:
+`python3 -m gpuhost.cli metrics --local` must not need them.
 
 A runtime is named by its key, a hash of everything in it (gpuhost's files, the pins, the
 python version), so the deploy compares the host's runtime link with the key and builds and
@@ -20,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -40,6 +42,7 @@ PLATFORMS = (
     *(f"manylinux_2_{minor}_x86_64" for minor in range(36, 16, -1)),
     "manylinux2014_x86_64",
 )
+UV_PLATFORM = "x86_64-manylinux_2_36"  # the same hosts, as uv names them
 
 
 class RuntimeBuildError(Exception):
@@ -108,6 +111,28 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache/gpuhost/runtime"
 
 
+def install_command(
+    python: str, site: Path, requirements: Path, pip: bool | None = None
+) -> list[str]:
+    """The install of the pinned wheels for CPython ``python`` into ``site``: this Python's
+    pip where it has one (its pip.conf and PIP_* settings pick the index), else gpuhost's own
+    uv (its uv.toml and UV_* settings)."""
+    if pip is None:
+        pip = importlib.util.find_spec("pip") is not None
+    if pip:
+        abi = "cp" + python.replace(".", "")
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        cmd += ["--target", str(site), "--no-deps", "--no-compile", "--only-binary=:all:"]
+        cmd += ["--python-version", python, "--implementation", "cp", "--abi", abi]
+        cmd += [a for tag in PLATFORMS for a in ("--platform", tag)]
+        return [*cmd, "-r", str(requirements)]
+    import uv  # a dependency of gpuhost (deploys/gpu_guest.py copies it into guests)
+
+    cmd = [uv.find_uv_bin(), "pip", "install", "--quiet", "--target", str(site), "--no-deps"]
+    cmd += ["--no-build", "--python-version", python, "--python-platform", UV_PLATFORM]
+    return [*cmd, "-r", str(requirements)]
+
+
 KEEP = 8  # cached runtimes kept (each a few MB): the ones used last, per python version
 
 
@@ -131,19 +156,14 @@ def build_runtime(python: str, cache: Path | None = None) -> tuple[str, Path]:
     with tempfile.TemporaryDirectory(prefix="gpuhost-runtime-", dir=root) as tmp:
         site = Path(tmp) / SITE
         (Path(tmp) / "requirements.txt").write_text("".join(f"{p}\n" for p in pins(python)))
-        abi = "cp" + python.replace(".", "")
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        cmd += ["--target", str(site), "--no-deps", "--no-compile", "--only-binary=:all:"]
-        cmd += ["--python-version", python, "--implementation", "cp", "--abi", abi]
-        cmd += [a for tag in PLATFORMS for a in ("--platform", tag)]
-        cmd += ["-r", str(Path(tmp) / "requirements.txt")]
-        done = subprocess.run(cmd, capture_output=True, text=True)  # this machine's pip config
+        cmd = install_command(python, site, Path(tmp) / "requirements.txt")
+        done = subprocess.run(cmd, capture_output=True, text=True)  # the machine's index config
         if done.returncode != 0:
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
             raise RuntimeBuildError(
                 f"the metrics runtime for the host's python {python} needs wheels of "
-                f"{', '.join(pins(python))} for CPython {python} ({sys.executable} -m pip, with "
-                f"this machine's pip configuration), which failed:\n{tail}"
+                f"{', '.join(pins(python))} for CPython {python} ({' '.join(cmd[:3])}, with "
+                f"this machine's own index configuration), which failed:\n{tail}"
             )
         for name, path in _sources():
             target = Path(tmp) / name

@@ -272,3 +272,15 @@ def test_the_real_gpu_machine_that_ran_the_runtime() -> None:
     assert parse_monitoring(lines) == MonitoringState(python="3.12", runtime="k", runtime_age=7)
     log = (CAPTURES / "h200-runtime/run.log").read_text()
     assert log.count("rc=0") == 3 and "control side loaded: []" in log
+
+
+def test_the_wheels_come_through_pip_or_else_uv(tmp_path: Path) -> None:
+    site, req = tmp_path / "site", tmp_path / "requirements.txt"
+    pip = runtime.install_command("3.13", site, req, pip=True)
+    assert pip[1:4] == ["-m", "pip", "install"] and "--only-binary=:all:" in pip
+    assert pip[pip.index("--abi") + 1] == "cp313" and "manylinux_2_36_x86_64" in pip
+    uv = runtime.install_command("3.13", site, req, pip=False)
+    assert Path(uv[0]).name == "uv" and "--no-build" in uv
+    assert uv[uv.index("--python-platform") + 1] == "x86_64-manylinux_2_36"
+    for cmd in (pip, uv):  # no index is named: the machine's own configuration picks it
+        assert not [a for a in cmd if "index" in a or "://" in a]
