@@ -89,6 +89,7 @@ def _remote(args: argparse.Namespace) -> tuple[list[Sample], list[str]]:
         if args.host not in hosts:
             raise ValueError(f"{args.inventory}: no host {args.host!r} (hosts: {', '.join(hosts)})")
         hosts = {args.host: hosts[args.host]}
+    sizes = _sizes(args.p2p_sizes)
     out: list[Sample] = []
     failed = []
     for name, (spec, data) in hosts.items():
@@ -110,7 +111,7 @@ def _remote(args: argparse.Namespace) -> tuple[list[Sample], list[str]]:
                 spec,
                 run,
                 guest_runner,
-                _sizes(args.p2p_sizes),
+                sizes,
                 data.get(SOURCE_KEY) or str(args.inventory),
             )
         except UnknownHostKey:
@@ -132,6 +133,8 @@ def run_metrics(args: argparse.Namespace) -> int:
     else:
         if not args.inventory:
             raise ValueError("give an inventory, or --local --spec FILE --host-name NAME")
+        if args.spec or args.host_name:
+            raise ValueError("--spec and --host-name go with --local (the host itself)")
         found, failed = _remote(args)
     for line in failed:
         print(f"gpuhost metrics: {line}", file=sys.stderr)

@@ -278,5 +278,9 @@ def test_inventory_mode_refuses_an_unknown_host_and_host_key_before_connecting(t
     )
     assert main(["metrics", str(inventory), "--host", "nope"]) == 2
     assert "no host 'nope'" in capsys.readouterr().err
+    assert main(["metrics", str(inventory), "--p2p-sizes", "4k"]) == 2
+    assert "--p2p-sizes '4k': give byte counts" in capsys.readouterr().err
+    assert main(["metrics", str(inventory), "--spec", "x.json"]) == 2
+    assert "--spec and --host-name go with --local" in capsys.readouterr().err
     assert main(["metrics", str(inventory)]) == 2  # 192.0.2.1 is TEST-NET: never reached
     assert "192.0.2.1" in capsys.readouterr().err
