@@ -8,7 +8,8 @@ The kernel (from apt or the artifact store) is installed after the running one i
 the NVIDIA modules for it (only where the spec sets driver.source): a store without the kernel,
 or a module build refused for its compiler, stops the run before anything changes, and a reboot
 never precedes them. With driver.source.installer the userspace and GSP firmware of the same
-version follow (deploys/userspace.py), still before any reboot.
+version follow (deploys/userspace.py), still before any reboot. With monitoring.enabled the
+metrics timer and node_exporter come last (deploys/monitoring.py).
 """
 
 from pyinfra import host
@@ -21,6 +22,7 @@ from deploys import (
     driver,
     kernel,
     modules,
+    monitoring,
     ops,
     reboot,
     rollout,
@@ -63,6 +65,7 @@ def provision() -> None:
         containers.configure(plan)  # after any reboot: raw rules need that boot's majors
         if moving is not None:
             split.restore(moving)
+        monitoring.configure(plan)  # last: its one run audits what the run left
 
 
 if host.data.get(GUEST_KEY) is None:  # guest hosts (gpuhost.pve.guests) are not GPU hosts

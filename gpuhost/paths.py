@@ -5,6 +5,11 @@ MANAGED_PATHS (a test checks it)."""
 STATE_DIR = "/var/lib/gpuhost"  # gpuhost's own records (pending steps, last reboot, trial, backups)
 LIB_DIR = "/usr/local/lib/gpuhost"  # its boot scripts
 CONFIG_DIR = "/etc/gpuhost"  # its own copies of shared settings (the kernel command line)
+# The metrics timer's runtime (gpuhost and pydantic for the host's python3): one directory per
+# content key, and the link to the one in use, switched atomically (gpuhost/build/runtime.py).
+RUNTIME_DIR = "/opt/gpuhost"
+RUNTIME_LINK = f"{RUNTIME_DIR}/current"
+METRICS_SCRIPT = f"{LIB_DIR}/metrics"  # what gpuhost-metrics.service runs
 
 # Every file a deploy writes, edits or records. Owned files are named gpuhost-* or live in
 # gpuhost's directories; shared files (/etc/kernel/cmdline, /etc/default/grub and its drop-ins,

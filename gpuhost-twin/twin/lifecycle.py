@@ -144,7 +144,8 @@ def _install_userland(twin: Twin) -> None:
     root = twin.root
     lib = root / "usr/lib/gpuhost-twin"
     lib.mkdir(parents=True, exist_ok=True)
-    shutil.copy(node.SHIMS / "twinreq.py", lib / "twinreq.py")
+    for name in ("twinreq.py", "unitexec.py"):  # imported by the shims
+        shutil.copy(node.SHIMS / name, lib / name)
     for name, where in (("reboot", "usr/local/sbin"), ("systemctl", "usr/local/bin")):
         (root / where).mkdir(parents=True, exist_ok=True)
         shutil.copy(node.SHIMS / name, root / where / name)

@@ -11,6 +11,7 @@ from gpuhost.audit import (  # noqa: F401  (registers the checks)
     driver_checks,
     guest_checks,
     host_checks,
+    monitoring_checks,
     p2p_checks,
     software_checks,
     storage_checks,
@@ -102,7 +103,19 @@ def read_host(
 
 
 # Report order: the hardware first, then what builds on it, the guests last.
-ORDER = ("gpus", "driver", "boot", "storage", "modules", "devices", "cuda", "p2p", "ct", "vm")
+ORDER = (
+    "gpus",
+    "driver",
+    "boot",
+    "storage",
+    "modules",
+    "devices",
+    "cuda",
+    "p2p",
+    "monitoring",
+    "ct",
+    "vm",
+)
 
 
 def ordered_checks(scope: str) -> list[Check]:

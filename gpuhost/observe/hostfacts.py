@@ -31,6 +31,7 @@ from gpuhost.observe.kernel import (
     SevSnp,
     SevState,
 )
+from gpuhost.observe.monitoring import MonitoringState, MonitoringStateFact
 from gpuhost.observe.nvidia import GpuQuery, NvidiaGpus, NvidiaP2P, NvidiaTopology, Topology
 from gpuhost.observe.nvidia_driver import DriverVersion, NvidiaDriver, NvidiaGpuInformation
 from gpuhost.observe.pci import IommuDomains, IommuGroups, IommuState, PciDevice, PciDevices
@@ -78,6 +79,7 @@ FACTS: dict[str, tuple[type[Probe], dict[str, Any]]] = {
     "ZfsUsage": (ZfsUsage, {}),
     "KernelFeatureFiles": (KernelFeatureFiles, {}),
     "HostRelease": (HostReleaseFact, {}),
+    "MonitoringState": (MonitoringStateFact, {}),
 }
 # Facts added after snapshots were first taken: a snapshot without them still loads, with the
 # fact's default (no SEV flags, no IOMMU units or group types, a boot path not known, no kernel
@@ -91,6 +93,7 @@ NOT_CAPTURED = frozenset(
         "GuestStatuses",
         "PveContainerVersion",
         "PanicSettings",
+        "MonitoringState",
     }
 )
 ADDED_LATER = (
@@ -142,6 +145,7 @@ class HostFacts:
     zfs: ZfsUse = field(default_factory=ZfsUse)
     kernel_features: InstalledKernelFeatures = field(default_factory=InstalledKernelFeatures)
     release: HostRelease = field(default_factory=HostRelease)  # unknown: not captured
+    monitoring: MonitoringState | None = None  # the metrics timer's state; None: not captured
 
     @property
     def files(self) -> dict[str, str] | None:
@@ -235,6 +239,7 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         zfs=value["ZfsUsage"],
         kernel_features=value["KernelFeatureFiles"],
         release=value["HostRelease"],
+        monitoring=value["MonitoringState"],
     )
 
 

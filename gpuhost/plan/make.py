@@ -33,6 +33,7 @@ from gpuhost.plan.model import (
     PlanError,
     Reason,
 )
+from gpuhost.plan.monitoring import MonitoringPlan, plan_monitoring
 from gpuhost.plan.preconditions import ControlFacts, Precondition, api_writes, plan_preconditions
 from gpuhost.plan.trial.boot import TrialBoot
 from gpuhost.plan.trial.state import Step
@@ -102,6 +103,8 @@ class Plan:
     preconditions: list[Precondition] = field(default_factory=list)
     # A host upgraded to a new Proxmox VE release: its kernels on each side (upgradeplan.py).
     release_change: ReleaseChange | None = None
+    # The metrics timer and node_exporter (gpuhost/plan/monitoring.py); None: monitoring is off.
+    monitoring: MonitoringPlan | None = None
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -170,6 +173,8 @@ def make_plan(
     if guests is None:
         raise PlanError(host, problems, source)
     files.update(guests.files)
+    monitoring, monitoring_files = plan_monitoring(host, spec, facts)
+    files.update(monitoring_files)
     power = phases.plan_power(facts, reboot, boot.step, guests, problems)
     if problems:
         raise PlanError(host, problems, source)
@@ -218,4 +223,5 @@ def make_plan(
         moving_guests=power.moving,
         preconditions=preconditions,
         release_change=release_change,
+        monitoring=monitoring,
     )

@@ -68,6 +68,13 @@ def render_plan(plan: Plan) -> str:
             shown = (f"{k}={'***' if is_secret_name(k) else v}" for k, v in sorted(env.items()))
             out.append(f"env for {owner}: {' '.join(shown)}")
     out += [ct.summary for ct in plan.containers.values()]
+    if plan.monitoring is not None:
+        mon = plan.monitoring
+        exporter = "Debian's node_exporter" if mon.node_exporter else "no node_exporter"
+        out.append(
+            f"monitoring: gpuhost-metrics.timer every {mon.interval} s -> {mon.out} "
+            f"(runtime for python {mon.python or '? (no python3)'}), {exporter}"
+        )
     out += ["", "managed files:"]
     for item in plan.files.values():
         state = f"-> {item.link}" if item.link else "present" if item.present else "absent"

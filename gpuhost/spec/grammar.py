@@ -125,6 +125,8 @@ INDEX_URL_RE = re.compile(
 # One word of a service's command line (systemd ExecStart=): no space, quotes, backslashes,
 # $, %, backticks or shell syntax, so it needs no quoting in a unit file.
 SERVICE_ARG_RE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+# node_exporter's --web.listen-address (monitoring.listen_address): host:port, [v6]:port, :port.
+LISTEN_RE = re.compile(r"(?P<host>[A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 PY_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 MAX_TEXT = 4096  # no spec string is longer (bounds messages and regex work)
 
@@ -184,6 +186,8 @@ GRAMMARS = {
     "service command word (venvs[].service.command)": "A-Za-z0-9_@+=:,./- (no spaces, quotes, $, "
     "%, backslashes), at most 256 characters",
     "Python module (venvs[].imports)": "dotted identifiers, e.g. torch or flash_attn.ops",
+    "listen address (monitoring.listen_address)": "host:port, [IPv6]:port or :port (every "
+    "address); host a lower-case DNS name or IPv4 address, port 1-65535",
     "types": "strict: ints are ints (True, 1.0 and '200' are not), bools are True/False, "
     "strings are strings, lists are lists",
 }

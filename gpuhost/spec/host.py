@@ -37,6 +37,7 @@ from gpuhost.spec.build_values import (
 from gpuhost.spec.checks import NO_VALUE, cross_field_problems
 from gpuhost.spec.driver import DriverSource
 from gpuhost.spec.guests import Guest, LxcGuest, VmGuest
+from gpuhost.spec.monitoring import MonitoringSpec
 from gpuhost.spec.proxmox import ProxmoxApiSpec
 from gpuhost.spec.trial import TrialSpec
 from gpuhost.spec.values import (
@@ -279,6 +280,10 @@ class HostSpec(Model):
         default_factory=ProxmoxApiSpec,
         description="The host's Proxmox API, used for VMs' PCI mappings, hostpci entries and "
         "power tasks, and to list guests for the inventory.",
+    )
+    monitoring: MonitoringSpec = Field(
+        default_factory=MonitoringSpec,
+        description="The audit as Prometheus metrics on the host (a timer, node_exporter).",
     )
 
     @model_validator(mode="wrap")

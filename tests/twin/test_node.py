@@ -144,8 +144,14 @@ def _comm(pid: int) -> str:
 
 
 def test_systemctl_shim_records_units(twin):
-    unit = "[Unit]\nDescription=demo\n[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n"
+    unit = "[Unit]\nDescription=demo\n[Service]\nExecStart=/bin/sleep 600\n[Install]\nWantedBy=multi-user.target\n"
     twin.run(f"mkdir -p /etc/systemd/system && printf '{unit}' > /etc/systemd/system/demo.service")
+    assert twin.run("systemctl is-active demo")[:2] == (3, "inactive\n")
+    assert twin.run("systemctl start demo && systemctl is-active demo")[:2] == (0, "active\n")
+    # a simple unit's process runs for real, and stop ends it
+    pid = twin.run("cat /run/gpuhost-twin/systemd/demo.service.pid")[1].strip()
+    assert twin.run(f"kill -0 {pid}")[0] == 0
+    assert twin.run(f"systemctl stop demo; kill -0 {pid}")[0] != 0
     assert twin.run("systemctl is-active demo")[:2] == (3, "inactive\n")
     assert twin.run("systemctl start demo && systemctl is-active demo")[:2] == (0, "active\n")
     out = twin.run("systemctl show --all --property Id --property SubState demo.service")[1]
