@@ -11,29 +11,37 @@ The twin's root comes from $TWIN_ROOT (default "/"), so tests can run the tools 
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from . import config as cfg
-from .boot_commands import boot_tool, kernel_hook, mkinitramfs, update_grub, update_initramfs
 from .clihandler import Output
-from .pct_qm import guest_tool
-from .pvesh import pvesh
 
 # --- dispatch ---
 
-TOOLS: dict[str, Callable[[Path, list[str], Output], int]] = {
-    "pct": lambda root, argv, out: guest_tool("lxc", root, argv, out),
-    "qm": lambda root, argv, out: guest_tool("qemu", root, argv, out),
-    "pvesh": pvesh,
-    "proxmox-boot-tool": boot_tool,
-    "update-grub": update_grub,
-    "update-initramfs": update_initramfs,
-    "mkinitramfs": mkinitramfs,
-    "kernel-hook": kernel_hook,
+# tool -> (module, function): each tool is a fresh python3 that imports only its own family.
+_TOOLS = {
+    "pct": ("pct_qm", "guest_tool"),
+    "qm": ("pct_qm", "guest_tool"),
+    "pvesh": ("pvesh", "pvesh"),
+    "proxmox-boot-tool": ("boot_commands", "boot_tool"),
+    "update-grub": ("boot_commands", "update_grub"),
+    "update-initramfs": ("boot_commands", "update_initramfs"),
+    "mkinitramfs": ("boot_commands", "mkinitramfs"),
+    "kernel-hook": ("boot_commands", "kernel_hook"),
 }
+
+
+def tool_function(tool: str) -> Callable[[Path, list[str], Output], int]:
+    module, name = _TOOLS[tool]
+    function = getattr(importlib.import_module(f".{module}", __package__), name)
+    if tool in ("pct", "qm"):
+        kind = "lxc" if tool == "pct" else "qemu"
+        return lambda root, argv, out: function(kind, root, argv, out)  # type: ignore[no-any-return]
+    return function  # type: ignore[no-any-return]
 
 
 def run(tool: str, argv: list[str], root: Path | None = None) -> tuple[int, str, str]:
@@ -41,7 +49,7 @@ def run(tool: str, argv: list[str], root: Path | None = None) -> tuple[int, str,
     root = root if root is not None else Path(os.environ.get("TWIN_ROOT", "/"))
     out = Output()
     cfg.drain_warnings()
-    rc = TOOLS[tool](root, argv, out)
+    rc = tool_function(tool)(root, argv, out)
     warnings = "".join(f"{w}\n" for w in cfg.drain_warnings())  # perl warns while parsing
     return rc, "".join(out.stdout), warnings + "".join(out.stderr)
 
