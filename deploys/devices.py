@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from deploys.ops import apply_items, as_planned, files_as_planned, follow_up
+from deploys.ops import apply_items, as_planned, files_as_planned, follow_up, settled_with
 from gpuhost.plan.make import Plan
 
 STEP = "systemd"  # the follow-up every unit file here triggers: systemctl daemon-reload
@@ -36,8 +36,8 @@ def _changes(plan: Plan, concerns: tuple[str, ...]) -> None:
 
 
 @deploy(LABEL)
-def _settled(paths: list[str]) -> None:
-    files_as_planned(name=f"{LABEL}: {len(paths)} file(s) as planned", paths=paths)
+def _settled(paths: list[str], more: str = "") -> None:
+    files_as_planned(name=f"{LABEL}: {len(paths)} file(s) as planned{more}", paths=paths)
 
 
 @deploy(LABEL)
@@ -50,6 +50,11 @@ def configure(plan: Plan) -> None:
     """The boot units of every concern, then one daemon-reload for all of them."""
     concerns = {c for cs in CONCERNS.values() for c in cs}
     items = [item for item in plan.files.values() if item.concern in concerns]
+    (step,) = [f for f in plan.follow_ups if f.name == STEP]
+    if settled_with(items, step, plan.files):
+        paths = [item.path for item in items]
+        _settled(paths, f", {step.command}: nothing pending")
+        return
     settled = [item.path for item in items if as_planned(item)]
     if settled:
         _settled(settled)

@@ -229,9 +229,23 @@ def apply_files(
     """
     step = next(f for f in plan.follow_ups if f.name == step_name)
     concerns = (concern,) if isinstance(concern, str) else concern
-    apply_items([item for item in plan.files.values() if item.concern in concerns], label, [step])
+    items = [item for item in plan.files.values() if item.concern in concerns]
+    if run_step and settled_with(items, step, plan.files):
+        paths = [item.path for item in items]
+        name = f"{label}: {len(paths)} file(s) as planned, {step.command}: nothing pending"
+        files_as_planned(name=name, paths=paths)
+        return
+    apply_items(items, label, [step])
     if run_step:
         follow_up(name=f"{step.command} when needed", step=step, files=plan.files)
+
+
+def settled_with(items: list[ManagedFile], step: FollowUp, files: dict[str, ManagedFile]) -> bool:
+    """Whether ``items`` are all as planned and ``step`` has nothing pending: then the files and
+    the step are one operation that changes nothing (each otherwise one more stack walk)."""
+    if observed(host).managed is None:
+        return False  # managed_file stops with the reason
+    return all(as_planned(item) for item in items) and pending(step, files) is None
 
 
 def apply_items(items: list[ManagedFile], label: str, follow_ups: list[FollowUp]) -> None:

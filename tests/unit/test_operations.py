@@ -180,6 +180,27 @@ def test_as_planned_is_exactly_a_managed_file_noop(path: Path) -> None:
         assert ops.as_planned(args["item"]) == (case["commands"] == [])
 
 
+FOLLOW_UP_CASES = sorted((CASES / "ops.follow_up").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", FOLLOW_UP_CASES, ids=[p.stem for p in FOLLOW_UP_CASES])
+def test_settled_with_is_exactly_files_and_step_that_change_nothing(path: Path) -> None:
+    """apply_files makes the files and their follow-up one operation when settled_with holds: it
+    must hold exactly when every file is as managed_file would leave it and follow_up would
+    run nothing."""
+    case = json.loads(path.read_text())
+    if "exception" in case:
+        pytest.skip("follow_up stops here")
+    fake = FakeHost(case.get("files", {}))
+    context._observed.clear()
+    with ctx_host.use(fake), ctx_state.use(fake.state):
+        args = _args("ops.follow_up", case)
+        step, files = args["step"], args["files"]
+        items = [files[p] for p in step.triggers if p in files]
+        quiet = case.get("commands", []) == [] and all(ops.as_planned(i) for i in items)
+        assert ops.settled_with(items, step, files) == quiet
+
+
 def test_a_run_that_booted_lets_pve_guests_start_the_onboot_guests_first() -> None:
     """After a boot, Proxmox's pve-guests.service starts the onboot guests on its own; the run
     waits for that before its guest steps, or a container it stops next (to restart it with
