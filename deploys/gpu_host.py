@@ -21,6 +21,7 @@ from deploys import (
     driver,
     kernel,
     modules,
+    readiness,
     reboot,
     rollout,
     split,
@@ -50,6 +51,7 @@ def provision() -> None:
         modules.configure(plan)
         devices.configure(plan)
         vms.configure(plan)
+        readiness.configure(plan)  # hookscripts before any guest this run starts
         if plan.trial_step is Step.CONVERGED:
             reboot.reboot_if_needed(plan)
         else:  # the trial's reboot applies everything above too, and its gate checks it

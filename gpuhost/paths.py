@@ -5,6 +5,10 @@ MANAGED_PATHS (a test checks it)."""
 STATE_DIR = "/var/lib/gpuhost"  # gpuhost's own records (pending steps, last reboot, trial, backups)
 LIB_DIR = "/usr/local/lib/gpuhost"  # its boot scripts
 CONFIG_DIR = "/etc/gpuhost"  # its own copies of shared settings (the kernel command line)
+READY_DIR = f"{CONFIG_DIR}/ready"  # each GPU guest's readiness contract, <vmid>.json
+# gpuhost's Proxmox hookscript: a snippet of the `local` dir storage (pve-installer: /var/lib/vz)
+HOOKSCRIPT_VOLID = "local:snippets/gpuhost-ready"
+HOOKSCRIPT = "/var/lib/vz/snippets/gpuhost-ready"
 
 # Every file a deploy writes, edits or records. Owned files are named gpuhost-* or live in
 # gpuhost's directories; shared files (/etc/kernel/cmdline, /etc/default/grub and its drop-ins,
@@ -14,6 +18,8 @@ MANAGED_PATHS = (
     "/etc/default/grub",
     "/etc/default/grub.d/*.cfg",
     f"{CONFIG_DIR}/*",
+    f"{READY_DIR}/*.json",
+    HOOKSCRIPT,
     "/etc/modprobe.d/gpuhost-*.conf",
     "/etc/modules-load.d/gpuhost-*.conf",
     "/etc/initramfs-tools/hooks/gpuhost-*",
@@ -27,4 +33,5 @@ MANAGED_PATHS = (
     "/etc/pve/local",
     "/etc/pve/pve-root-ca.pem",
     "/etc/pve/mapping/pci.cfg",
+    "/etc/pve/storage.cfg",  # which storage has `snippets` content (the hookscript's)
 )

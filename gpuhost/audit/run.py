@@ -12,6 +12,7 @@ from gpuhost.audit import (  # noqa: F401  (registers the checks)
     guest_checks,
     host_checks,
     p2p_checks,
+    readiness_checks,
     software_checks,
     storage_checks,
 )

@@ -22,6 +22,7 @@ from gpuhost.plan.driver.modules import DriverModules, plan_driver_modules
 from gpuhost.plan.driver.userspace import DriverUserspace, plan_driver_userspace
 from gpuhost.plan.guests.containers import ContainerDevices
 from gpuhost.plan.guests.power import GuestPower
+from gpuhost.plan.guests.readiness import Readiness, plan_readiness
 from gpuhost.plan.guests.vfio import VfioBinding
 from gpuhost.plan.guests.vms import VmSplit
 from gpuhost.plan.model import (
@@ -102,6 +103,8 @@ class Plan:
     preconditions: list[Precondition] = field(default_factory=list)
     # A host upgraded to a new Proxmox VE release: its kernels on each side (upgradeplan.py).
     release_change: ReleaseChange | None = None
+    # Each GPU guest's hookscript and readiness contract (gpuhost/plan/guests/readiness.py).
+    readiness: Readiness = field(default_factory=Readiness)
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -170,6 +173,12 @@ def make_plan(
     if guests is None:
         raise PlanError(host, problems, source)
     files.update(guests.files)
+    readiness = plan_readiness(
+        spec, facts, assignments, guests.lxc_nodes, guests.vm_functions, guests.vm_split,
+        guests.containers, (userspace is not None, bool(userspace and userspace.nvswitches)),
+        problems,
+    )  # fmt: skip
+    files.update(readiness.files)
     power = phases.plan_power(facts, reboot, boot.step, guests, problems)
     if problems:
         raise PlanError(host, problems, source)
@@ -218,4 +227,5 @@ def make_plan(
         moving_guests=power.moving,
         preconditions=preconditions,
         release_change=release_change,
+        readiness=readiness,
     )
