@@ -60,6 +60,7 @@ def provision() -> None:
         # mappings refreshed (deploys/guests.py); this is for the VMs that were not running.
         vms.refresh_mappings(name="PCI mappings: the IOMMU groups after the reboot", plan=plan)
         containers.configure(plan)  # after any reboot: raw rules need that boot's majors
+        readiness.start_held_guests(plan)  # the guests the readiness check held back, fixed now
         if moving is not None:
             split.restore(moving)
 

@@ -9,6 +9,8 @@ the files, since Proxmox checks that the script exists and is executable when it
 (pve-guest-common GuestHelpers.pm check_hookscript). A guest that keeps its own hookscript has
 it recorded in its contract and run by gpuhost's; a guest without GPUs any more gets it back,
 before its contract (which recorded it) is removed. Each guest config is backed up first.
+A GPU guest the check held back in this boot (its mark, /var/lib/gpuhost/held-<vmid>) is
+started at the end of the run, after the fixes (a raw rule rewritten at the new major).
 """
 
 from __future__ import annotations
@@ -54,6 +56,21 @@ def guest_hookscript(hook: GuestHook):
     yield f"{backup_command(hook.kind, hook.vmid)} && {hook.tool} set {hook.vmid} {change}"
 
 
+@operation()
+def start_held(kind: str, vmid: int, line: str):
+    """
+    Start a GPU guest whose start gpuhost's check refused in this boot, now that the run has
+    applied its fixes: the check runs again, and a refusal fails this operation with its line.
+
+    + kind: "lxc" | "qemu"
+    + vmid: the guest
+    + line: what the check said then
+    """
+    host.log(f"{'CT' if kind == 'lxc' else 'VM'} {vmid} was held back ({line}): starting it",
+             logger.info)  # fmt: skip
+    yield f"{'pct' if kind == 'lxc' else 'qm'} start {int(vmid)}"
+
+
 def _files(plan: Plan, present: bool) -> None:
     items = [f for f in plan.files.values() if f.concern == CONCERN and f.present == present]
     settled = [item.path for item in items if as_planned(item)]
@@ -77,3 +94,15 @@ def configure(plan: Plan) -> None:
         word = "CT" if kind == "lxc" else "VM"
         guest_hookscript(name=f"{LABEL}: {word} {vmid}'s hookscript", hook=hook)
     _files(plan, present=False)  # then what no guest names any more
+
+
+@deploy("GPU guests held back at start")
+def start_held_guests(plan: Plan) -> None:
+    """After the run's fixes (raw rules at the new majors, nodes, binding): start the GPU guests
+    the check held back in this boot. Not in a run that reboots: the boot starts them."""
+    if plan.rebooting:
+        return
+    for (kind, vmid), line in sorted(plan.readiness.held.items()):
+        word = "CT" if kind == "lxc" else "VM"
+        start_held(name=f"{word} {vmid}: start it (held back at its start)", kind=kind,
+                   vmid=vmid, line=line)  # fmt: skip

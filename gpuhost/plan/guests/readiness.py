@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpuhost.observe.hostfacts import HostFacts
-from gpuhost.paths import HOOKSCRIPT, HOOKSCRIPT_VOLID, READY_DIR
+from gpuhost.paths import HOOKSCRIPT, HOOKSCRIPT_VOLID, READY_DIR, STATE_DIR
 from gpuhost.plan.driver.modconf import static_file
 from gpuhost.plan.guests.containers import ContainerDevices
 from gpuhost.plan.guests.devices import node_major, node_minor
@@ -50,6 +50,8 @@ SNIPPETS_STORAGE = HOOKSCRIPT_VOLID.split(":", 1)[0]  # local
 DEVICES_UNIT = "gpuhost-nvidia-devices.service"  # the boot unit that makes the nodes
 CONCERN = "readiness"
 _READY_FILE = re.compile(re.escape(READY_DIR) + r"/(\d+)\.json")
+# The hookscript's mark of a start it refused: `<boot id> <its line>` (files/gpuhost-ready).
+_HELD = re.compile(re.escape(STATE_DIR) + r"/held-(\d+)")
 
 
 def ready_path(vmid: int) -> str:
@@ -82,6 +84,9 @@ class Readiness:
     contracts: dict[tuple[str, int], dict[str, object]] = field(default_factory=dict)
     snippets_content: str | None = None  # `local`'s content list to set (None: as it is)
     files: dict[str, ManagedFile] = field(default_factory=dict)
+    # Guests whose start the check refused in this boot and that are still stopped: the run
+    # starts them once it applied its fixes (the check runs again then). vmid -> its line.
+    held: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 def storages(text: str | None) -> dict[str, dict[str, str]]:
@@ -249,6 +254,15 @@ def plan_readiness(
             out.hooks[key] = GuestHook(kind, vmid, HOOKSCRIPT_VOLID, current)
         else:  # no GPUs here (any more): the guest's own hookscript back, or none
             out.hooks[key] = GuestHook(kind, vmid, chain["volid"] if chain else None, current)
+    statuses = facts.guest_statuses or {}
+    for path, text in files.items():
+        m = _HELD.fullmatch(path)
+        boot, _, line = text.strip().partition(" ")
+        if m is None or facts.boot_id is None or boot != facts.boot_id:
+            continue
+        for key in out.contracts:
+            if key[1] == int(m[1]) and statuses.get(key) != "running":
+                out.held[key] = line
     planned_ids = {vmid for _, vmid in out.contracts}
     for vmid in sorted(recorded - planned_ids):
         out.files[ready_path(vmid)] = ManagedFile(ready_path(vmid), None, CONCERN)
