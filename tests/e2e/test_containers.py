@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -192,6 +193,7 @@ def test_raw_lines_at_the_live_majors_and_a_rerun_fixes_a_stale_one(kpro6):
     now = majors(twin)["nvidia-uvm"]
     assert now != uvm
     # gpuhost's readiness check held the container back at its onboot start, saying why.
+    guests_started(twin)
     assert sh(twin, f"pct status {CT}").strip() == "status: stopped"
     held = sh(twin, f"cat /var/lib/gpuhost/held-{CT}")
     assert f"raw rule grants /dev/nvidia-uvm as major {uvm}, but nvidia-uvm is major {now}" in held
@@ -292,6 +294,14 @@ print(f"{{statistics.median(runs):.1f}} {{max(runs):.1f}}")
 """
 MINE = '#!/bin/sh\necho "$1 $2" >> /root/mine.log\n'
 CT201 = "arch: amd64\nhostname: ct201\nonboot: 1\nostype: debian\nunprivileged: 1\n"
+
+
+def guests_started(twin: TwinHandle, timeout: float = 90.0) -> None:
+    """Wait until pve-guests.service has started the onboot guests (twin/supervisor.py)."""
+    deadline = time.monotonic() + timeout
+    while twin.run("systemctl is-active pve-guests.service")[1].strip() == "activating":
+        assert time.monotonic() < deadline, "pve-guests.service still starting the guests"
+        time.sleep(0.5)
 
 
 def tasks_of(twin: TwinHandle) -> dict[str, dict]:

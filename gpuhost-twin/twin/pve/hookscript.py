@@ -33,7 +33,9 @@ from pathlib import Path
 
 from .schema import PveError
 
-ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+# The environment of Proxmox's daemons, whose children hookscripts are; the twin's PATH (its
+# systemctl and hardware tools are shims in /usr/local, twin/units.py ENV).
+ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
 
 
 def storages(root: Path) -> dict[str, dict[str, str]]:
