@@ -68,6 +68,12 @@ def render_plan(plan: Plan) -> str:
             shown = (f"{k}={'***' if is_secret_name(k) else v}" for k, v in sorted(env.items()))
             out.append(f"env for {owner}: {' '.join(shown)}")
     out += [ct.summary for ct in plan.containers.values()]
+    for (kind, vmid), hook in sorted(plan.readiness.hooks.items()):
+        change = f"{hook.current or 'none'} -> " if hook.changes else ""
+        out.append(f"{'CT' if kind == 'lxc' else 'VM'} {vmid}: hookscript {change}"
+                   f"{hook.wanted or 'none'}")  # fmt: skip
+    out += [f"held back at start in this boot, started after the fixes: {kind} {vmid}"
+            for kind, vmid in sorted(plan.readiness.held)]  # fmt: skip
     out += ["", "managed files:"]
     for item in plan.files.values():
         state = f"-> {item.link}" if item.link else "present" if item.present else "absent"

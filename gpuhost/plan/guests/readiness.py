@@ -51,6 +51,7 @@ DEVICES_UNIT = "gpuhost-nvidia-devices.service"  # the boot unit that makes the 
 CONCERN = "readiness"
 _READY_FILE = re.compile(re.escape(READY_DIR) + r"/(\d+)\.json")
 # The hookscript's mark of a start it refused: `<boot id> <its line>` (files/gpuhost-ready).
+_MAPPING = re.compile(r"(?:^|,)mapping=([^,]+)")
 _HELD = re.compile(re.escape(STATE_DIR) + r"/held-(\d+)")
 
 
@@ -207,6 +208,13 @@ def plan_readiness(
             }
         for vmid, functions in vm_functions.items():
             vm = vm_split.vms.get(vmid)
+            # The mappings its hostpciN entries name once this run set them (a raw `host=`
+            # entry gpuhost could not replace names none): each must still fit its board.
+            config = facts.guest_configs.get(("qemu", vmid))
+            entries = dict(config.current.options) if config else {}
+            entries.update(vm.hostpci if vm else {})
+            used = {m for k, v in entries.items() if k.startswith("hostpci")
+                    for m in _MAPPING.findall(v)}  # fmt: skip
             mappings = [
                 {
                     "id": m.id,
@@ -215,7 +223,7 @@ def plan_readiness(
                     "iommu_group": m.iommu_group,
                 }
                 for mid in (vm.mappings if vm else ())
-                if (m := vm_split.mappings.get(mid)) is not None
+                if mid in used and (m := vm_split.mappings.get(mid)) is not None
             ]
             gpu_guests[("qemu", vmid)] = {"vfio": functions, "mappings": mappings}
     existing = {key: facts.guest_configs.get(key) for key in gpu_guests}
