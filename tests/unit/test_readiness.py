@@ -283,6 +283,11 @@ def test_waits_for_the_boot_unit_then_gives_up(tmp_path: Path) -> None:
     assert done.returncode == 1 and "(waited for gpuhost-nvidia-devices.service: activating)" in (
         done.stdout
     )
+    # After the boot an inactive unit is one whose condition failed: no wait.
+    systemctl.write_text('#!/bin/sh\n[ "$1" = is-active ] && echo inactive || echo running\n')
+    started = time.monotonic()
+    done = run_hook(root, contract(wait_s=30))
+    assert done.returncode == 1 and time.monotonic() - started < 10 and "waited" not in done.stdout
 
 
 @needs_root
@@ -305,3 +310,29 @@ def test_the_users_hookscript_runs_for_every_phase_after_the_check(tmp_path: Pat
 
 def test_a_guest_without_a_contract_starts(tmp_path: Path) -> None:
     assert run_hook(tmp_path, None).returncode == 0
+
+
+def test_a_vms_board_must_fit_its_mapping(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    dev = root / "sys/bus/pci/devices/0000:c1:00.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x10de\n")
+    (dev / "device").write_text("0x2bb1\n")
+    (dev / "iommu_group").symlink_to("../../../../kernel/iommu_groups/12")
+    (dev / "driver").symlink_to("../../../../bus/pci/drivers/vfio-pci")
+    cfg = root / "etc/pve/mapping/pci.cfg"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(
+        "gpuhost-0000-c1-00\n\tmap id=10de:2bb1,iommugroup=12,node=pve,path=0000:c1:00\n"
+    )
+    mapping = {"id": "gpuhost-0000-c1-00", "path": "0000:c1:00"}
+    vm = {"kind": "qemu", "guest": "VM 200", "vfio": ["0000:c1:00.0"], "mappings": [mapping]}
+    assert run_hook(root, vm).returncode == 0
+    cfg.write_text(cfg.read_text().replace("iommugroup=12", "iommugroup=13"))
+    assert "in IOMMU group 12, mapping gpuhost-0000-c1-00 names 13" in run_hook(root, vm).stdout
+    cfg.write_text(cfg.read_text().replace("2bb1", "2335").replace("=13", "=12"))
+    assert "board 0000:c1:00 is 10de:2bb1, mapping gpuhost-0000-c1-00 names 10de:2335" in (
+        run_hook(root, vm).stdout
+    )
+    cfg.write_text("")
+    assert "has no entry for 0000:c1:00" in run_hook(root, vm).stdout

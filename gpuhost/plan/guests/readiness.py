@@ -26,8 +26,9 @@ What the contract asks, and why:
 - gpus and gsp: each of the container's GPUs on the nvidia driver, with the open module its GSP
   firmware at the loaded version (the audit's driver.firmware rule, per guest).
 - persistenced, fabricmanager: the daemons the Plan runs (driver.source.installer; NVSwitches).
-- vfio, mappings: a VM's functions on vfio-pci; its boards still the devices its PCI mappings
-  name (vendor:device, IOMMU group) and the mappings present.
+- vfio, mappings: a VM's functions on vfio-pci; each PCI mapping its entries use present for
+  its board, and the board still the device the mapping names (vendor:device, IOMMU group), as
+  Proxmox checks at start (pve-guest-common PVE/Mapping/PCI.pm).
 """
 
 from __future__ import annotations
@@ -216,12 +217,8 @@ def plan_readiness(
             used = {m for k, v in entries.items() if k.startswith("hostpci")
                     for m in _MAPPING.findall(v)}  # fmt: skip
             mappings = [
-                {
-                    "id": m.id,
-                    "path": m.path,
-                    "vendor_device": m.vendor_device,
-                    "iommu_group": m.iommu_group,
-                }
+                # its IOMMU group is the boot's (gpuhost-pci-mappings.service refreshes it)
+                {"id": m.id, "path": m.path}
                 for mid in (vm.mappings if vm else ())
                 if mid in used and (m := vm_split.mappings.get(mid)) is not None
             ]
