@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.twin.pve_helpers import make_root, run, write_conf
 from twin.pve import hookscript
 from twin.pve.schema import PveError
 
@@ -16,10 +17,10 @@ STORAGE = "dir: local\n\tpath /var/lib/vz\n\tcontent iso,vztmpl,backup\n\nnfs: s
 
 
 def root_with(tmp_path: Path) -> Path:
-    (tmp_path / "etc/pve").mkdir(parents=True)
+    (tmp_path / "etc/pve").mkdir(parents=True, exist_ok=True)
     (tmp_path / "etc/pve/storage.cfg").write_text(STORAGE)
     snippets = tmp_path / "var/lib/vz/snippets"
-    snippets.mkdir(parents=True)
+    snippets.mkdir(parents=True, exist_ok=True)
     (snippets / "ok.sh").write_text("#!/bin/sh\n")
     (snippets / "ok.sh").chmod(0o755)
     (snippets / "noexec.sh").write_text("#!/bin/sh\n")
@@ -61,3 +62,14 @@ def test_a_failure_aborts_only_with_stop_on_error(tmp_path: Path) -> None:
         "hookscript error for 200 on post-start: script 'local:snippets/gone.sh' does not exist"
     ]
     hookscript.run(root, {}, 200, "pre-start", stop_on_error=True)  # none: nothing runs
+
+
+def test_setting_a_hookscript_checks_it_as_proxmox_does(tmp_path: Path) -> None:
+    """pct set / qm set refuse a hookscript that is no executable snippet (pve-container
+    Config.pm update_pct_config, qemu-server API2/Qemu.pm: check_hookscript)."""
+    root = make_root(tmp_path)
+    root_with(root)
+    write_conf(root, "qemu", 129, "name: vm129\nmemory: 1024\n")
+    rc, _, err = run(root, "qm", "set", "129", "--hookscript", "local:snippets/noexec.sh")
+    assert rc == 255 and "hookscript: script 'local:snippets/noexec.sh' is not executable" in err
+    assert run(root, "qm", "set", "129", "--hookscript", "local:snippets/ok.sh")[0] == 0
