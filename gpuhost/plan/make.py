@@ -173,16 +173,20 @@ def make_plan(
     if guests is None:
         raise PlanError(host, problems, source)
     files.update(guests.files)
+    driver_modules = plan_driver_modules(spec, facts)
+    # The host runs the spec's driver once this run is done: it does now, or this run boots it.
+    loaded = facts.driver is not None and facts.driver.version == spec.driver.version
+    driver_runs = loaded or (reboot.rebooting and driver_modules is not None)
     readiness = plan_readiness(
         spec, facts, assignments, guests.lxc_nodes, guests.vm_functions, guests.vm_split,
-        guests.containers, (userspace is not None, bool(userspace and userspace.nvswitches)),
+        guests.containers,
+        (driver_runs, userspace is not None, bool(userspace and userspace.nvswitches)),
         problems,
     )  # fmt: skip
     files.update(readiness.files)
     power = phases.plan_power(facts, reboot, boot.step, guests, problems)
     if problems:
         raise PlanError(host, problems, source)
-    driver_modules = plan_driver_modules(spec, facts)
     preconditions = plan_preconditions(
         spec, facts, api_writes(guests.vm_split, facts), driver_modules, userspace, control
     )

@@ -98,7 +98,7 @@ def test_raw_rules_name_their_majors_and_a_driver_change_is_not_checked_yet() ->
     assert all(n["major"] is None for n in ct["nodes"])  # the rules follow the boot's majors
     written = plan_containers(wanted, seen, plan.lxc_nodes, False, [], [])  # without a reboot
     r = plan_readiness(wanted, seen, plan.gpus, plan.lxc_nodes, plan.vm_functions,
-                       plan.vm_split, written, (False, False), [])  # fmt: skip
+                       plan.vm_split, written, (True, False, False), [])  # fmt: skip
     majors = {n["path"]: n["major"] for n in r.contracts[("lxc", 200)]["nodes"]}  # type: ignore[union-attr]
     assert majors["/dev/nvidia-uvm"] == 509 and majors["/dev/nvidia0"] == 195
     newer = HostSpec.model_validate({**spec().model_dump(), "driver": {"version": "595.71.05"}})

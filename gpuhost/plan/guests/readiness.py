@@ -20,9 +20,10 @@ What the contract asks, and why:
   its driver (/proc/devices) and its minor; with raw rules also the major the rules name (a
   reboot moves nvidia-uvm's: the rules go stale).
 - driver: the loaded module's version, which the guest's userspace must equal. It is the
-  spec's driver.version, set only while the host runs it: the container's own libraries cannot
-  be read before pre-start (pve-container mounts its rootfs after the hookscript), and during a
-  driver change gpuhost brings the userspace along after the boot (deploys/containers.py).
+  spec's driver.version, set once the host runs it (now, or after this run's boot into the
+  modules it installs): the container's own libraries cannot be read before pre-start
+  (pve-container mounts its rootfs after the hookscript), and when the driver changes without
+  a boot of gpuhost's, gpuhost brings the userspace along after it (deploys/containers.py).
 - gpus and gsp: each of the container's GPUs on the nvidia driver, with the open module its GSP
   firmware at the loaded version (the audit's driver.firmware rule, per guest).
 - persistenced, fabricmanager: the daemons the Plan runs (driver.source.installer; NVSwitches).
@@ -141,7 +142,7 @@ def _contract(
     ctx: dict[str, object],
 ) -> dict[str, object]:
     """The guest's part of the Plan, as the hookscript reads it."""
-    converged = facts.driver is not None and facts.driver.version == spec.driver.version
+    converged = bool(ctx.get("driver_runs"))
     body: dict[str, object] = {
         "version": 1,
         "guest": label,
@@ -183,12 +184,12 @@ def plan_readiness(
     vm_functions: dict[int, tuple[str, ...]],
     vm_split: VmSplit,
     containers: dict[int, ContainerDevices],
-    daemons: tuple[bool, bool],
+    driver: tuple[bool, bool, bool],
     problems: list[str],
 ) -> Readiness:
     """Hookscripts and contracts for every GPU guest that exists; the user's own hookscripts
-    back on guests that have no GPUs any more. ``daemons``: (persistenced, fabricmanager)
-    planned."""
+    back on guests that have no GPUs any more. ``driver``: (the host runs the spec's driver
+    once this run is done, the persistence daemon planned, the fabric manager planned)."""
     out = Readiness()
     files = facts.files or {}
     cfg = storages(files.get(STORAGE_CFG))
@@ -204,8 +205,9 @@ def plan_readiness(
                 "nodes": nodes,
                 "ct": containers.get(ctid),
                 "gpus": gpus,
-                "persistenced": daemons[0],
-                "fabricmanager": daemons[1],
+                "driver_runs": driver[0],
+                "persistenced": driver[1],
+                "fabricmanager": driver[2],
             }
         for vmid, functions in vm_functions.items():
             vm = vm_split.vms.get(vmid)
