@@ -24,6 +24,7 @@ from deploys import (
     modules,
     monitoring,
     ops,
+    readiness,
     reboot,
     rollout,
     split,
@@ -55,6 +56,7 @@ def provision() -> None:
         modules.configure(plan)
         devices.configure(plan)
         vms.configure(plan)
+        readiness.configure(plan)  # hookscripts before any guest this run starts
         if plan.trial_step is Step.CONVERGED:
             reboot.reboot_if_needed(plan)
         else:  # the trial's reboot applies everything above too, and its gate checks it
@@ -63,6 +65,7 @@ def provision() -> None:
         # mappings refreshed (deploys/guests.py); this is for the VMs that were not running.
         vms.refresh_mappings(name="PCI mappings: the IOMMU groups after the reboot", plan=plan)
         containers.configure(plan)  # after any reboot: raw rules need that boot's majors
+        readiness.start_held_guests(plan)  # the guests the readiness check held back, fixed now
         if moving is not None:
             split.restore(moving)
         monitoring.configure(plan)  # last: its one run audits what the run left

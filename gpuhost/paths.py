@@ -10,6 +10,10 @@ CONFIG_DIR = "/etc/gpuhost"  # its own copies of shared settings (the kernel com
 RUNTIME_DIR = "/opt/gpuhost"
 RUNTIME_LINK = f"{RUNTIME_DIR}/current"
 METRICS_SCRIPT = f"{LIB_DIR}/metrics"  # what gpuhost-metrics.service runs
+READY_DIR = f"{CONFIG_DIR}/ready"  # each GPU guest's readiness contract, <vmid>.json
+# gpuhost's Proxmox hookscript: a snippet of the `local` dir storage (pve-installer: /var/lib/vz)
+HOOKSCRIPT_VOLID = "local:snippets/gpuhost-ready"
+HOOKSCRIPT = "/var/lib/vz/snippets/gpuhost-ready"
 
 # Every file a deploy writes, edits or records. Owned files are named gpuhost-* or live in
 # gpuhost's directories; shared files (/etc/kernel/cmdline, /etc/default/grub and its drop-ins,
@@ -19,6 +23,8 @@ MANAGED_PATHS = (
     "/etc/default/grub",
     "/etc/default/grub.d/*.cfg",
     f"{CONFIG_DIR}/*",
+    f"{READY_DIR}/*.json",
+    HOOKSCRIPT,
     "/etc/modprobe.d/gpuhost-*.conf",
     "/etc/modules-load.d/gpuhost-*.conf",
     "/etc/initramfs-tools/hooks/gpuhost-*",
@@ -32,4 +38,5 @@ MANAGED_PATHS = (
     "/etc/pve/local",
     "/etc/pve/pve-root-ca.pem",
     "/etc/pve/mapping/pci.cfg",
+    "/etc/pve/storage.cfg",  # which storage has `snippets` content (the hookscript's)
 )

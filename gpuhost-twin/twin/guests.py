@@ -34,7 +34,7 @@ from typing import Any
 
 from twin import mounts, node, processes
 from twin.pve import config as pve_config
-from twin.pve import guest_state, lxc_devices, runtime, startstop
+from twin.pve import guest_state, lxc_devices, runtime, startstop, tasks
 from twin.pve.schema import PveError
 
 CGROUP_V1 = Path("/sys/fs/cgroup/devices").is_dir()
@@ -348,14 +348,18 @@ def start_onboot(twin: node.Twin) -> None:
     vmid within an order), `up` seconds apart. VMs are state only (runtime.start_qemu)."""
 
     def start_guest(root: Path, kind: str, vmid: int) -> str | None:
-        if kind == "qemu":
-            try:
-                runtime.start_qemu(root, vmid)
-            except PveError as exc:
-                return exc.msg
-            return None
-        result = start(twin, vmid)
-        return None if result["rc"] == 0 else str(result["stderr"])
+        # Each start is a task of its own, like vm_start's (its log: the hookscript's output).
+        def work(w: tasks.Worker) -> None:
+            if kind == "qemu":
+                runtime.start_qemu(root, vmid, warn=w.warn, hook_log=w.log)
+                return
+            result = runtime.start_lxc(
+                root, vmid, log=w.log, warn=w.warn, start=lambda: start(twin, vmid)
+            )
+            if result["rc"] != 0:
+                raise PveError(str(result["stderr"]) or f"start of CT {vmid} failed")
+
+        return tasks.run_sync(root, "vzstart" if kind == "lxc" else "qmstart", vmid, work)
 
     for warning in startstop.startall(twin.root, start_guest, why="boot"):
         print(f"onboot: {warning}", flush=True)

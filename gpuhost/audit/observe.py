@@ -45,9 +45,8 @@ AUDIT_FACTS: dict[str, type[Probe]] = {
 }
 # Facts read since the recorded audit captures were taken (tests/fixtures/captures): an output
 # without all of them reads them as not captured (the host facts' defaults, no storage health).
-# Since the retake of 2026-12-03 19:08 UTC (with HostRelease and BootPath's bootctl line): the
-# metrics timer's state (MonitoringState).
-READ_SINCE_CAPTURES: frozenset[str] = frozenset({"MonitoringState"})
+# None since the retake of 2026-12-04 08:19 UTC (with MonitoringState and the readiness paths).
+READ_SINCE_CAPTURES: frozenset[str] = frozenset()
 # The audit reads every fact the deploy reads (the Plan needs them all), in the same one command,
 # but pve-container's version: it decides how the deploy may write devN entries, not what the
 # audit checks (the entries that are there), and reads as "not captured" here.

@@ -13,6 +13,7 @@ from gpuhost.audit import (  # noqa: F401  (registers the checks)
     host_checks,
     monitoring_checks,
     p2p_checks,
+    readiness_checks,
     software_checks,
     storage_checks,
 )

@@ -22,6 +22,7 @@ from gpuhost.plan.driver.modules import DriverModules, plan_driver_modules
 from gpuhost.plan.driver.userspace import DriverUserspace, plan_driver_userspace
 from gpuhost.plan.guests.containers import ContainerDevices
 from gpuhost.plan.guests.power import GuestPower
+from gpuhost.plan.guests.readiness import Readiness, plan_readiness
 from gpuhost.plan.guests.vfio import VfioBinding
 from gpuhost.plan.guests.vms import VmSplit
 from gpuhost.plan.model import (
@@ -105,6 +106,8 @@ class Plan:
     release_change: ReleaseChange | None = None
     # The metrics timer and node_exporter (gpuhost/plan/monitoring.py); None: monitoring is off.
     monitoring: MonitoringPlan | None = None
+    # Each GPU guest's hookscript and readiness contract (gpuhost/plan/guests/readiness.py).
+    readiness: Readiness = field(default_factory=Readiness)
 
     @property
     def cmdline_add(self) -> list[str]:
@@ -175,10 +178,20 @@ def make_plan(
     files.update(guests.files)
     monitoring, monitoring_files = plan_monitoring(host, spec, facts)
     files.update(monitoring_files)
+    driver_modules = plan_driver_modules(spec, facts)
+    # The host runs the spec's driver once this run is done: it does now, or this run boots it.
+    loaded = facts.driver is not None and facts.driver.version == spec.driver.version
+    driver_runs = loaded or (reboot.rebooting and driver_modules is not None)
+    readiness = plan_readiness(
+        spec, facts, assignments, guests.lxc_nodes, guests.vm_functions, guests.vm_split,
+        guests.containers,
+        (driver_runs, userspace is not None, bool(userspace and userspace.nvswitches)),
+        problems,
+    )  # fmt: skip
+    files.update(readiness.files)
     power = phases.plan_power(facts, reboot, boot.step, guests, problems)
     if problems:
         raise PlanError(host, problems, source)
-    driver_modules = plan_driver_modules(spec, facts)
     preconditions = plan_preconditions(
         spec, facts, api_writes(guests.vm_split, facts), driver_modules, userspace, control
     )
@@ -224,4 +237,5 @@ def make_plan(
         preconditions=preconditions,
         release_change=release_change,
         monitoring=monitoring,
+        readiness=readiness,
     )

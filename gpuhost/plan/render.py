@@ -75,6 +75,12 @@ def render_plan(plan: Plan) -> str:
             f"monitoring: gpuhost-metrics.timer every {mon.interval} s -> {mon.out} "
             f"(runtime for python {mon.python or '? (no python3)'}), {exporter}"
         )
+    for (kind, vmid), hook in sorted(plan.readiness.hooks.items()):
+        change = f"{hook.current or 'none'} -> " if hook.changes else ""
+        out.append(f"{'CT' if kind == 'lxc' else 'VM'} {vmid}: hookscript {change}"
+                   f"{hook.wanted or 'none'}")  # fmt: skip
+    out += [f"held back at start in this boot, started after the fixes: {kind} {vmid}"
+            for kind, vmid in sorted(plan.readiness.held)]  # fmt: skip
     out += ["", "managed files:"]
     for item in plan.files.values():
         state = f"-> {item.link}" if item.link else "present" if item.present else "absent"

@@ -249,6 +249,24 @@ class P2PSpec(Model):
     )
 
 
+class ReadinessSpec(Model):
+    """The readiness check each GPU guest runs at its start (Proxmox hookscript)."""
+
+    enabled: bool = Field(
+        True,
+        description="Give every GPU guest gpuhost's hookscript, which holds its start back until "
+        "its GPUs are ready (device nodes, driver, firmware, vfio-pci); false removes it and "
+        "gives each guest its own hookscript back.",
+    )
+    wait: int = Field(
+        60,
+        ge=0,
+        le=600,
+        description="Seconds a start waits for the boot unit that makes the device nodes before "
+        "it is refused.",
+    )
+
+
 class HardwareSpec(Model):
     """What the host must carry; the audit fails when the host shows something else."""
 
@@ -270,6 +288,9 @@ class HostSpec(Model):
         default_factory=list, max_length=MAX_ITEMS, description="Containers and VMs that get GPUs."
     )
     p2p: P2PSpec = Field(default_factory=P2PSpec, description="Expected P2P capability.")
+    readiness: ReadinessSpec = Field(
+        default_factory=ReadinessSpec, description="The GPU guests' readiness check at start."
+    )
     hardware: HardwareSpec | None = Field(
         None, description="GPUs the host must carry (audited); None: whatever the host shows."
     )

@@ -14,7 +14,7 @@ from gpuhost.audit.plugin import Target, _runner, _testinfra_host
 from gpuhost.audit.run import audit_all, read_host
 from gpuhost.spec.inventory import load_inventory
 from tests.e2e.conftest import deploy, inventory, with_driver
-from tests.e2e.test_audit_twin import ct_config, put
+from tests.e2e.test_audit_twin import ct_config, give_readiness, put
 from twin import driver as twin_driver
 from twin import node, userspace
 from twin.pytest_plugin import PVE_DIRS, TwinHandle
@@ -49,6 +49,7 @@ def snp(twin_fleet, modules, tmp_path_factory):
         rc, _, err = twin.run("pct start 300")
         assert rc == 0, err
         twin_driver.install_userspace(node.Twin.load(twin.name), 300, VERSION)
+        give_readiness(twin, inv)  # what the deploy gives a guest placed after it
         yield twin, inv
     finally:
         twin_fleet.stop(twin)

@@ -61,6 +61,7 @@ def ct_config(hostname: str, nodes: list[str]) -> str:
 
 
 CT200 = ct_config("ct200", CT_NODES)
+HOOK = "hookscript: local:snippets/gpuhost-ready\n"  # what give_readiness sets (readiness.md)
 VM129 = "machine: q35\nname: vm129\nhostpci0: 0000:c1:00,pcie=1\nhostpci1: 0000:e1:00,pcie=1\n"
 # VM GPUs go to vfio-pci by PCI address at device add (the GPU split deploy will own this).
 UDEV = "".join(
@@ -84,6 +85,7 @@ def provision(twin: TwinHandle, modules: ModuleCache, inv: Path) -> Path:
     """A kpro6 twin as deployed, with its GPU split and guests in place (benchmarks use it too)."""
     deploy_host(twin, modules, inv, SPEC)
     place_guests(twin)
+    give_readiness(twin, inv)
     return inv
 
 
@@ -107,6 +109,26 @@ def place_guests(twin: TwinHandle) -> None:
     twin.reboot()  # binds the VM's boards to vfio-pci
     ct(twin, "start")
     twin_driver.install_userspace(node.Twin.load(twin.name), 200, VERSION)
+
+
+def give_readiness(twin: TwinHandle, inv: Path) -> None:
+    """What the deploy gives guests placed after it ran (a run now would also replace their
+    hand-made entries): gpuhost's hookscript and each guest's contract, from the host's Plan
+    (gpuhost/plan/guests/readiness.py, docs/guides/readiness.md)."""
+    name, (spec, data) = next(iter(load_inventory(inv).items()))
+    target = Target(name, spec, data, f"ssh://root@{twin.address}:22", str(inv))
+    plan = read_host(name, spec, _runner(_testinfra_host(target)), None, SIZES, guests=False)
+    assert plan.context is not None, plan.refused
+    readiness = plan.context.plan.readiness
+    if readiness.snippets_content:
+        assert twin.run(f"pvesm set local --content {readiness.snippets_content}")[0] == 0
+    for item in plan.context.plan.files.values():
+        if item.concern == "readiness" and item.content is not None:
+            put(twin, item.path, item.content)
+            assert twin.run(f"chmod {item.mode} {item.path}")[0] == 0
+    for hook in readiness.hooks.values():
+        rc, _, err = twin.run(f"{hook.tool} set {hook.vmid} --hookscript {hook.wanted}")
+        assert rc == 0, err
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +263,7 @@ def test_stale_uvm_major_in_raw_rules(kpro6):
     raw = (
         "arch: amd64\nhostname: ct200\nunprivileged: 1\n"
         "lxc.cgroup2.devices.allow: c 195:0 rwm\nlxc.cgroup2.devices.allow: c 195:255 rwm\n"
-        f"lxc.cgroup2.devices.allow: c {stale}:* rwm\n"
+        f"lxc.cgroup2.devices.allow: c {stale}:* rwm\n{HOOK}"
         + "".join(f"dev{i}: /dev/nvidia{i}\n" for i in range(1, 6))
         + "".join(
             f"lxc.mount.entry: {p} {p[1:]} none bind,optional,create=file\n"
@@ -256,7 +278,7 @@ def test_stale_uvm_major_in_raw_rules(kpro6):
 
     def undo(t: TwinHandle) -> None:
         ct(t, "stop")
-        put(t, "/etc/pve/lxc/200.conf", CT200)
+        put(t, "/etc/pve/lxc/200.conf", CT200 + HOOK)
         ct(t, "start")
 
     failed = _planted(kpro6, plant, undo)

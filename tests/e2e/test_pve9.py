@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import deploy, inventory, with_driver
-from tests.e2e.test_audit_twin import SPEC, VERSION, audit, deploy_host, place_guests
+from tests.e2e.test_audit_twin import (
+    SPEC,
+    VERSION,
+    audit,
+    deploy_host,
+    give_readiness,
+    place_guests,
+)
 from tests.e2e.test_gpu_moves import (
     BOARDS,
     CT200,
@@ -80,6 +87,7 @@ def test_main_deploy_converges_on_pve9_and_the_audit_passes(
     assert second.reboots == 0 and not second.changed, second.output[-3000:]
 
     place_guests(twin)  # ct200 (trixie userland, pve-container 6 devN) and vm129 on vfio-pci
+    give_readiness(twin, inv)
     assert "VERSION_CODENAME=trixie" in twin.run("pct exec 200 -- cat /etc/os-release")[1]
     failed = audit(twin, inv)
     assert failed == {}, json.dumps(failed, indent=1)

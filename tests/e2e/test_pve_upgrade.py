@@ -12,7 +12,14 @@ import json
 from pathlib import Path
 
 from tests.e2e.conftest import deploy, inventory
-from tests.e2e.test_audit_twin import SPEC, VERSION, audit, deploy_host, place_guests
+from tests.e2e.test_audit_twin import (
+    SPEC,
+    VERSION,
+    audit,
+    deploy_host,
+    give_readiness,
+    place_guests,
+)
 from tests.e2e.test_pve9 import KERNEL, PVE9_SPEC
 from tests.e2e.test_pve9 import trixie_modules as trixie_modules  # a fixture
 from twin.upgrade import upgrade
@@ -27,6 +34,7 @@ def test_a_pve8_host_upgraded_to_pve9_is_redeployed_from_what_the_audit_names(
     inv8 = tmp_path / "kpro6.py"
     deploy_host(twin, modules, inv8, SPEC)
     place_guests(twin)
+    give_readiness(twin, inv8)  # what the deploy gives guests placed after it
     twin.run("echo 'onboot: 1' >> /etc/pve/lxc/200.conf")  # it comes back after each reboot
 
     upgrade(twin.name, "kpro6-pve9")

@@ -41,7 +41,7 @@ APPLIES = {
 
 def replay(command: str) -> tuple[int, str, str]:
     """The capture's output, for exactly today's command (less any fact read since the capture,
-    gpuhost.audit.observe.READ_SINCE_CAPTURES: HostRelease since the 2026-12-03 retake)."""
+    gpuhost.audit.observe.READ_SINCE_CAPTURES: none since the 2026-12-04 08:19 retake)."""
     recorded = (RUN / "audit-host.cmd").read_text().rstrip("\n")
     assert command == host_command(DEFAULT_SIZES)
     captured = host_command(DEFAULT_SIZES, without=READ_SINCE_CAPTURES)
@@ -172,4 +172,4 @@ def test_the_suite_lists_one_test_per_check_and_target():
     ids = [line.split("[", 1)[1].rstrip("]") for line in run.stdout.splitlines() if "[" in line]
     assert "kpro6::driver.version" in ids and "kpro6/ct200::ct.cuda" in ids
     assert "kpro6/vm129::vm.hostpci" in ids and "kpro6/vm129::ct.cuda" not in ids
-    assert len(ids) == len(set(ids)) == 27 + 10 + 2  # host, ct200's (6 + 4 software), vm129's
+    assert len(ids) == len(set(ids)) == 27 + 11 + 3  # host, ct200's (7 + 4 software), vm129's

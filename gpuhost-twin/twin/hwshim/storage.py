@@ -85,10 +85,30 @@ def _storages(root: Path) -> list[dict]:
     return found
 
 
+def _set_content(root: Path, storeid: str, content: str) -> int:
+    """`pvesm set <storage> --content <list>` (pve-storage API2/Storage/Config.pm update:
+    the section's `content` line replaced, other lines as they were; the twin checks no
+    content type against the storage type)."""
+    path = root / "etc/pve/storage.cfg"
+    lines = path.read_text().splitlines() if path.exists() else []
+    start = next((i for i, ln in enumerate(lines)
+                  if re.fullmatch(rf"[a-z][a-z0-9]*:\s*{re.escape(storeid)}\s*", ln)), None)  # fmt: skip
+    if start is None:
+        err(f"update storage failed: storage '{storeid}' does not exist\n")
+        return 255
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].strip()), len(lines))
+    body = [ln for ln in lines[start + 1 : end] if ln.strip().partition(" ")[0] != "content"]
+    lines[start + 1 : end] = [*body, f"\tcontent {content}"]
+    path.write_text("\n".join(lines) + "\n")
+    return 0
+
+
 def pvesm(argv: list[str]) -> int:
     hw = load_hw()
+    if hw is not None and argv[:1] == ["set"] and len(argv) == 4 and argv[2] == "--content":
+        return _set_content(hw.root, argv[1], argv[3])
     if hw is None or argv[:1] != ["status"]:
-        err("gpuhost twin: only `pvesm status` is simulated")
+        err("gpuhost twin: only `pvesm status` and `pvesm set <id> --content` are simulated")
         return 2
     pools = _pools(hw)
     imported = {p["name"] for p in pools or [] if p["state"] not in GONE}

@@ -39,9 +39,16 @@ def post_status(kind: str, action: str) -> Handler:
 
 
 def _power_one(action: str) -> startstop.Starter:
-    """startall/stopall start and stop each guest in the foreground of their own task."""
+    """startall/stopall start and stop each guest in the foreground; a start is a task of its
+    own (Nodes.pm startall calls vm_start, which forks `vzstart`/`qmstart`), so its log holds
+    what the guest's hookscript printed."""
 
     def run(root: Path, kind: str, vmid: int) -> str | None:
+        if action == "start":
+            return tasks.run_sync(
+                root, _PREFIX[kind] + action, vmid,
+                lambda w: power.run(root, kind, action, vmid, {}, w),
+            )  # fmt: skip
         worker = Worker()
         try:
             power.run(root, kind, action, vmid, {}, worker)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import access, guest_perms, lxc_devices
+from . import access, guest_perms, hookscript, lxc_devices
 from . import config as cfg
 from . import options as opts
 from .guest_state import (
@@ -202,6 +202,8 @@ def update_lxc(root: Path, vmid: int, params: dict[str, str]) -> UpdateResult:
             if re.fullmatch(r"dev\d+", opt):
                 device = lxc_devices.parse_device(value)
                 _device_mode_and_rdev(root, device.path)
+            if opt == "hookscript":  # pve-container Config.pm update_pct_config
+                hookscript.resolve(root, value)
             if opt == "description":
                 conf.main.description = value  # a fast-plug option: always applied at once
                 continue
@@ -332,6 +334,11 @@ def _qemu_changes(root: Path, conf: cfg.GuestConfig, params: dict[str, str], del
             guest_perms.check_serial_usb(root, vmid, opt, value, delete=False)
         if opt == "machine":
             assert_valid_machine(value)
+        if opt == "hookscript":  # qemu-server API2/Qemu.pm update_vm_api: raise_param_exc
+            try:
+                hookscript.resolve(root, value)
+            except PveError as exc:
+                raise ParamError({opt: exc.msg.rstrip("\n")}) from None
         if opt == "description":
             conf.main.description = value
             continue

@@ -156,9 +156,12 @@ def _vmid_of(text: str) -> str:
 
 def _start_stop(kind: str, cmd: str, root: Path, vmid: int, out: Output) -> int:
     if kind == "qemu":
-        (rt.start_qemu if cmd == "start" else rt.stop_qemu)(root, vmid)
+        if cmd == "start":
+            rt.start_qemu(root, vmid, hook_log=out.out)
+        else:
+            rt.stop_qemu(root, vmid)
         return 0
-    answer = (rt.start_lxc if cmd == "start" else rt.stop_lxc)(root, vmid)
+    answer = (rt.start_lxc if cmd == "start" else rt.stop_lxc)(root, vmid, log=out.out)
     _relay(answer, out)
     return 0 if answer.get("rc") == 0 else 255  # upid_exit: exit(-1) on task failure
 

@@ -68,9 +68,9 @@ def run(root: Path, kind: str, action: str, vmid: int, params: dict[str, str], w
                 w.warn(f"restart of VM {vmid} failed: {exc.msg.strip()}")
         return
     if action in ("stop", "shutdown", "reboot"):
-        _lxc(rt.stop_lxc(root, vmid), action, vmid)
+        _lxc(rt.stop_lxc(root, vmid, log=w.log), action, vmid)
     if action in ("start", "reboot"):
-        _lxc(rt.start_lxc(root, vmid), "start", vmid)
+        _lxc(rt.start_lxc(root, vmid, log=w.log, warn=w.warn), "start", vmid)
 
 
 def _lxc(answer: dict[str, object], action: str, vmid: int) -> None:

@@ -69,6 +69,17 @@ class Worker:
 Work = Callable[[Worker], None]
 
 
+def run_sync(root: Path, task_type: str, vmid: int | str, work: Work) -> str | None:
+    """A task run to its end in the caller's thread (pve-manager's startall waits for each
+    guest's start task, Nodes.pm); returns its error (None: OK or warnings)."""
+    token = _SYNC.set(True)
+    try:
+        upid, _ = fork_worker(root, task_type, vmid, work)
+    finally:
+        _SYNC.reset(token)
+    return error_of(root, upid)
+
+
 def new_upid(root: Path, task_type: str, vmid: int | str, user: str | None = None) -> str:
     global _counter
     with _counter_lock:
