@@ -84,6 +84,18 @@ def _files(plan: Plan, present: bool) -> None:
 @deploy("GPU guests' readiness check")
 def configure(plan: Plan) -> None:
     readiness = plan.readiness
+    items = [f for f in plan.files.values() if f.concern == CONCERN]
+    hooks = sorted(readiness.hooks.items())
+    if not items and not hooks:
+        return
+    if (
+        readiness.snippets_content is None
+        and not any(hook.changes for _, hook in hooks)
+        and all(as_planned(item) for item in items)
+    ):  # what the operations below would each find: one operation that changes nothing
+        name = f"{LABEL}: {len(items)} file(s), {len(hooks)} guest hookscript(s) as planned"
+        files_as_planned(name=name, paths=[item.path for item in items])
+        return
     if readiness.snippets_content is not None:
         snippets_content(
             name=f"{LABEL}: storage {SNIPPETS_STORAGE} holds snippets",
