@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+from rerun import pyinfra_env
+
 from gpuhost.spec.inventory import load_inventory
 from tests.e2e.test_guest_software import CT200, SPEC, guest_spec, write_inventory
 from twin import cudarepo, driver, lifecycle, node
@@ -38,7 +40,7 @@ def run(inv: Path, deploy: Path, limit: str | None) -> tuple[float, int, str]:
     if limit:
         args += ["--limit", limit]
     t0 = time.monotonic()
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=pyinfra_env())
     elapsed = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:
