@@ -21,6 +21,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from twin.profile_start import HostStart
+
 # libyaml's loader where PyYAML has it: the same documents, about 7 times faster than the pure
 # Python one; and each text is parsed once per process (tests load a profile for every temp-dir
 # twin: seconds of a run). The cache keeps the data pickled: every load gets its own copy.
@@ -272,6 +274,11 @@ class Profile(_Model):
     block_devices: list[str] | None = None
     dmesg: list[str] = []  # platform lines of the boot log before any driver (iommu: ...)
     zfs_pools: list[ZfsPool] | None = None  # None: rpool on a ZFS root, else none
+    # A profile made from a capture (twin/profile_start.py): the host's software as read, what
+    # the profile assumed where the capture could not know, and which capture it came from.
+    start: HostStart | None = None
+    assumed: list[str] = []
+    source: str | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Profile:
