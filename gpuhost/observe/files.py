@@ -37,6 +37,16 @@ def parse_managed_files(lines: list[str]) -> ManagedFiles:
     return ManagedFiles(files, links)
 
 
+def read_files_command(paths: tuple[str, ...]) -> str:
+    """One line per existing path or glob match: ``F <path> <base64 content>`` or ``L <path>
+    <target>`` (parse_managed_files reads it back); absent paths print nothing."""
+    return (
+        f"for f in {' '.join(paths)}; do "
+        'if [ -L "$f" ]; then echo "L $f $(readlink "$f")"; '
+        'elif [ -f "$f" ]; then echo "F $f $(base64 -w0 <"$f")"; fi; done'
+    )
+
+
 class ConfigFiles(Probe[ManagedFiles]):
     """
     Returns the files gpuhost manages that exist now: ``files`` (path -> text, exactly as on
@@ -47,11 +57,30 @@ class ConfigFiles(Probe[ManagedFiles]):
     default = ManagedFiles
 
     def command(self) -> str:
-        return (
-            f"for f in {' '.join(MANAGED_PATHS)}; do "
-            'if [ -L "$f" ]; then echo "L $f $(readlink "$f")"; '
-            'elif [ -f "$f" ]; then echo "F $f $(base64 -w0 <"$f")"; fi; done'
-        )
+        return read_files_command(MANAGED_PATHS)
+
+    def process(self, output: list[str]) -> ManagedFiles:
+        return parse_managed_files(output)
+
+
+# Every file kmod and systemd-modules-load read from /etc, gpuhost's or not: modprobe.d options
+# and blacklists of the user or a driver package, modules loaded at boot (kmod's libkmod-config.c
+# reads /etc/modprobe.d/*.conf; modules-load.d(5) /etc/modules-load.d/*.conf; Debian's kmod reads
+# /etc/modules too). gpuhost never writes these; a capture keeps them so that a twin made from
+# it (gpuhost rehearse) loads its modules with the host's options.
+MODULE_CONFIG_PATHS = ("/etc/modprobe.d/*.conf", "/etc/modules-load.d/*.conf", "/etc/modules")
+
+
+class ModuleConfigFiles(Probe[ManagedFiles]):
+    """
+    Returns every module configuration file in /etc (:data:`MODULE_CONFIG_PATHS`) as
+    :class:`ManagedFiles`: ``files`` path -> text, ``links`` path -> target.
+    """
+
+    default = ManagedFiles
+
+    def command(self) -> str:
+        return read_files_command(MODULE_CONFIG_PATHS)
 
     def process(self, output: list[str]) -> ManagedFiles:
         return parse_managed_files(output)

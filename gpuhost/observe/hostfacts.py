@@ -17,7 +17,7 @@ from typing import Any
 from gpuhost.observe.boot import BootPath, BootPathInfo
 from gpuhost.observe.compilers import CompilerInventory, KernelCompilers
 from gpuhost.observe.containers import PackageVersion, PveContainerVersion
-from gpuhost.observe.files import BootId, ConfigFiles, ManagedFiles
+from gpuhost.observe.files import BootId, ConfigFiles, ManagedFiles, ModuleConfigFiles
 from gpuhost.observe.guest_status import GuestStatuses
 from gpuhost.observe.kernel import (
     CharDevices,
@@ -68,6 +68,7 @@ FACTS: dict[str, tuple[type[Probe], dict[str, Any]]] = {
     "PveGuestConfigs": (PveGuestConfigs, {}),
     "LoadedModules": (LoadedModules, {}),
     "ConfigFiles": (ConfigFiles, {}),
+    "ModuleConfigFiles": (ModuleConfigFiles, {}),
     "BootId": (BootId, {}),
     "SevSnp": (SevSnp, {}),
     "IommuDomains": (IommuDomains, {}),
@@ -89,6 +90,7 @@ NOT_CAPTURED = frozenset(
     {
         "LoadedModules",
         "ConfigFiles",
+        "ModuleConfigFiles",
         "BootId",
         "GuestStatuses",
         "PveContainerVersion",
@@ -134,6 +136,8 @@ class HostFacts:
     guest_configs: dict[tuple[str, int], GuestConfig] = field(default_factory=dict)
     loaded_modules: list[str] | None = None  # None: not captured
     managed: ManagedFiles | None = None  # the files gpuhost manages; None: not captured
+    # every modprobe.d/modules-load.d file and /etc/modules, the user's too; None: not captured
+    module_config: ManagedFiles | None = None
     boot_id: str | None = None
     sev: SevState = field(default_factory=SevState)
     iommu: IommuState = field(default_factory=IommuState)
@@ -228,6 +232,7 @@ def parse_raw(raw: dict[str, tuple[int, list[str]]]) -> HostFacts:
         guest_configs=value["PveGuestConfigs"],
         loaded_modules=value["LoadedModules"],
         managed=value["ConfigFiles"],
+        module_config=value["ModuleConfigFiles"],
         boot_id=value["BootId"],
         sev=value["SevSnp"],
         iommu=value["IommuDomains"],

@@ -23,6 +23,7 @@ class HostRelease:
     debian: str | None = None  # VERSION_ID: "13"
     codename: str | None = None  # VERSION_CODENAME: "trixie"
     pve_manager: str | None = None  # installed pve-manager version: "9.0.10"; None: not installed
+    qemu_server: str | None = None  # installed qemu-server version (VM passthrough); None: not
 
     @property
     def pve_major(self) -> int | None:
@@ -34,10 +35,14 @@ class HostRelease:
         return f"{pve} on {debian}"
 
 
+PACKAGES = ("pve-manager", "qemu-server")  # read with dpkg-query, one line each when known
+
+
 def parse_release(lines: list[str]) -> HostRelease:
-    """``os ID=debian``, ``os VERSION_ID="13"``..., ``pve-manager ii 9.0.10`` lines."""
+    """``os ID=debian``, ``os VERSION_ID="13"``..., ``pve-manager ii 9.0.10`` and
+    ``qemu-server ii 9.0.22`` lines (dpkg's status abbreviation, then the version)."""
     found: dict[str, str] = {}
-    manager = None
+    versions: dict[str, str | None] = {}
     for line in lines:
         kind, _, rest = line.partition(" ")
         if kind == "os":
@@ -46,25 +51,30 @@ def parse_release(lines: list[str]) -> HostRelease:
             if key not in _OS_KEYS or not eq or not re.fullmatch(r"[A-Za-z0-9._-]*", value):
                 raise UnparsedOutput("os-release", line)
             found[key] = value
-        elif kind == "pve-manager":
-            words = rest.split()
+        elif kind in PACKAGES:
+            words = rest.split()  # known to dpkg but not installed ("un"): no version
+            if len(words) == 1 and words[0] != "ii":
+                versions[kind] = None
+                continue
             if len(words) != 2 or not _VERSION.fullmatch(words[1]):
-                raise UnparsedOutput("dpkg-query pve-manager", line)
-            manager = words[1] if words[0] == "ii" else None
+                raise UnparsedOutput(f"dpkg-query {kind}", line)
+            versions[kind] = words[1] if words[0] == "ii" else None
         elif line.strip():
             raise UnparsedOutput("host release", line)
     return HostRelease(
         found.get("ID") or None,
         found.get("VERSION_ID") or None,
         found.get("VERSION_CODENAME") or None,
-        manager,
+        versions.get("pve-manager"),
+        versions.get("qemu-server"),
     )
 
 
 class HostReleaseFact(Probe[HostRelease]):
     """
     Returns the host's :class:`HostRelease`: os-release's ID, VERSION_ID and VERSION_CODENAME
-    and the installed pve-manager version (``HostRelease("debian", "13", "trixie", "9.0.10")``).
+    and the installed pve-manager and qemu-server versions
+    (``HostRelease("debian", "13", "trixie", "9.0.10", "9.0.22")``).
     """
 
     default = HostRelease
@@ -73,8 +83,8 @@ class HostReleaseFact(Probe[HostRelease]):
         return (
             "grep -E '^(ID|VERSION_ID|VERSION_CODENAME)=' /etc/os-release 2>/dev/null "
             "| sed 's/^/os /'; "
-            "dpkg-query -W -f '${db:Status-Abbrev} ${Version}\\n' pve-manager 2>/dev/null "
-            "| sed 's/^/pve-manager /'; true"
+            "dpkg-query -W -f '${Package} ${db:Status-Abbrev} ${Version}\\n' "
+            f"{' '.join(PACKAGES)} 2>/dev/null; true"
         )
 
     def process(self, output: list[str]) -> HostRelease:
