@@ -15,5 +15,9 @@ class ConfigFiles(Fact, files.ConfigFiles, FactBase[files.ManagedFiles]):
     """:class:`gpuhost.observe.files.ConfigFiles` as a pyinfra fact."""
 
 
+class ModuleConfigFiles(Fact, files.ModuleConfigFiles, FactBase[files.ManagedFiles]):
+    """:class:`gpuhost.observe.files.ModuleConfigFiles` as a pyinfra fact."""
+
+
 class BootId(Fact, files.BootId, FactBase[str]):
     """:class:`gpuhost.observe.files.BootId` as a pyinfra fact."""

@@ -46,6 +46,18 @@ def test_the_release_fact_reads_os_release_and_pve_manager() -> None:
         parse_release(["os PRETTY_NAME=x"])
 
 
+def test_the_release_fact_reads_qemu_server_and_a_package_known_but_not_installed() -> None:
+    # dpkg-query's `${Package} ${db:Status-Abbrev} ${Version}`: the abbreviation is three
+    # characters ("ii ", "un "), a package not installed has no version
+    lines = ["os ID=debian", "pve-manager ii  9.0.10", "qemu-server ii  9.0.21"]
+    release = parse_release(lines)
+    assert (release.pve_manager, release.qemu_server) == ("9.0.10", "9.0.21")
+    release = parse_release(["os ID=debian", "pve-manager un  ", "qemu-server rc  8.3.8"])
+    assert (release.pve_manager, release.qemu_server) == (None, None)
+    with pytest.raises(UnparsedOutput):
+        parse_release(["qemu-server ii  9.0.21 extra"])
+
+
 def test_a_pve8_spec_on_an_upgraded_host_is_refused_naming_the_fields_and_the_fix() -> None:
     with pytest.raises(PlanError) as info:
         make_plan("kpro6", HostSpec.model_validate(PVE8_SPEC), facts(RELEASE_9, UPGRADED))
