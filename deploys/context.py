@@ -12,6 +12,7 @@ from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
 
+from deploys import prefetch
 from facts.snapshot import Combined
 from gpuhost.control import read_control
 from gpuhost.observe.hostfacts import HostFacts, combined_args, parse_raw
@@ -34,7 +35,10 @@ def observed(host: Host) -> HostFacts:
     """Everything gpuhost reads on ``host``, from one remote command, cached for the run."""
     key = _key(host)
     if key not in _observed:
-        _observed[key] = parse_raw(host.get_fact(Combined, **combined_args()))
+        raw = prefetch.take(host)  # sent by the deploy file's first lines, if it did
+        if raw is None:
+            raw = host.get_fact(Combined, **combined_args())
+        _observed[key] = parse_raw(raw)
     return _observed[key]
 
 

@@ -12,7 +12,14 @@ version follow (deploys/userspace.py), still before any reboot. With monitoring.
 metrics timer and node_exporter come last (deploys/monitoring.py).
 """
 
+# ruff: noqa: E402
 from pyinfra import host
+
+from deploys import prefetch
+
+# The host reads itself while the rest of this deploy is imported (deploys/prefetch.py): the
+# imports below come after a statement on purpose.
+prefetch.start(host)
 
 from deploys import (
     boot_cmdline,

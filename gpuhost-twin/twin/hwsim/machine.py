@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -185,6 +182,8 @@ def remove_tree(path: Path) -> None:
     if os.geteuid() != 0 and path.is_dir():
         for sub in [path, *(p for p in path.rglob("*") if p.is_dir() and not p.is_symlink())]:
             os.chmod(sub, (sub.stat().st_mode & 0o7777) | 0o700)
+    import shutil  # here: the shims that only read never pay for it
+
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -204,12 +203,16 @@ def version_key(version: str) -> tuple:
 
 
 def new_boot_id() -> str:
+    import uuid  # here: uuid imports platform and random, ~4 ms of every shim
+
     return str(uuid.uuid4())
 
 
 def gpu_uuid(gpu: dict) -> str:
     if gpu.get("uuid"):
         return gpu["uuid"]
+    import hashlib
+
     h = hashlib.sha256(gpu["uuid_seed"].encode()).hexdigest()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 

@@ -5,7 +5,6 @@ firmware), parameters, and what a load does (nvidia binds GPUs, vfio-pci takes i
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -195,6 +194,8 @@ class KernelModules(ModprobeConfig):
             argv = ["chroot", str(self.root), *argv]
         elif str(self.root) != "/":  # a bare test root: the shims find it through TWIN_ROOT
             extra["TWIN_ROOT"] = str(self.root)
+        import subprocess  # here: only module loading runs a tool
+
         proc = subprocess.run(
             argv,
             env={"PATH": BOOT_PATH, "LC_ALL": "C", **extra, **env},

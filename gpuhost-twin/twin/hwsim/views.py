@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import shutil
 
 from . import sysfs_ctl
 from .catalog import (
@@ -41,6 +39,8 @@ class KernelViews(Machine):
         if self.state.get("boot_count", 1) == 1 and wanted and wanted not in used:
             majors[name] = wanted
             return wanted
+        import random  # here: only /proc views that vary per boot need it
+
         rng = random.Random(f"{self.state.get('boot_id', '')}/{name}")
         free = [m for m in DYNAMIC_MAJORS if m not in used and m != previous.get(name)]
         majors[name] = rng.choice(free[:12])  # the high end of the range, where the kernel looks
@@ -102,6 +102,8 @@ class KernelViews(Machine):
         top = self.p("sys/module")
         for d in top.iterdir() if top.is_dir() else []:
             if d.name not in self.modules():
+                import shutil
+
                 shutil.rmtree(d)
         for name, rec in self.modules().items():
             d = f"sys/module/{name}"

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
@@ -175,6 +176,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._reply(exc.code, exc.msg.strip().splitlines()[0], None, message=exc.msg)
             return
         except Exception as exc:  # a twin bug: answer like a crashed handler, keep serving
+            # and say where, in the twin's log (the supervisor's stderr): no parameters, which
+            # may carry secrets, only the route and the traceback
+            print(f"api: {method} {path}: twin bug\n{traceback.format_exc()}", file=sys.stderr)
             self._reply(500, f"internal error: {type(exc).__name__}", None)
             return
         self._reply(200, "OK", result.data)
