@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 
 CA_FILE = "/etc/pve/pve-root-ca.pem"
 
-_apis: dict[int, PveApi] = {}
+# One connection per host of a run. Keyed by the host's name, not id(host): the `host` every
+# module imports is pyinfra's context proxy, one object for all hosts, so id(host) would hand
+# the first host's API (its address and token) to every other host of the fleet.
+_apis: dict[tuple[int, str], PveApi] = {}
 
 
 def node_name() -> str | None:
@@ -49,7 +52,7 @@ def api() -> PveApi:
     # by every run: a converged re-run never does.
     from gpuhost.pve import api as pveapi
 
-    key = id(host)
+    key = (id(host.state), host.name)
     if key not in _apis:
         spec = host.data.get(SPEC_KEY).proxmox
         managed = observed(host).managed

@@ -54,9 +54,15 @@ class PveApi:
 
 
 def _describe(method: str, path: str, exc: ResourceException) -> str:
-    errors = getattr(exc, "errors", None) or {}
-    detail = "; ".join(f"{k}: {str(v).strip()}" for k, v in sorted(errors.items()))
-    reason = getattr(exc, "status_message", "") or str(exc)
+    """``POST /cluster/mapping/pci: 500 create hardware mapping failed: ...``: pveproxy sends
+    the handler's message as the HTTP reason, which proxmoxer keeps as ``content`` (its
+    ``status_message`` is only the code's standard phrase, "Internal Server Error")."""
+    errors = getattr(exc, "errors", None)
+    errors = errors if isinstance(errors, dict) else {}
+    detail = "; ".join(f"{k}: {str(v).strip()}" for k, v in sorted(errors.items()) if v)
+    phrase = getattr(exc, "status_message", "") or ""
+    content = str(getattr(exc, "content", "") or "").strip()
+    reason = content if content and content != phrase else phrase or str(exc)
     return f"{method.upper()} {path}: {exc.status_code} {reason}" + (
         f" ({detail})" if detail else ""
     )

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from tests.e2e.conftest import deploy, inventory, with_driver
-from twin.pytest_plugin import TwinHandle
+from twin.pytest_plugin import Fleet, TwinHandle
 
 VERSION = "580.95.05"
 VM129 = "machine: pc-q35-8.1\nname: vm129\nhostpci0: 0000:c1:00,pcie=1\nhostpci1: 0000:e1:00,pcie=1\nhostpci4: 0000:03:00.0\n"
@@ -79,6 +79,51 @@ def test_mappings_and_hostpci_through_the_token(fresh, modules, tmp_path: Path) 
         "hostpci1: mapping=gpuhost-0000-e1-00,pcie=1"
         in (twin.root / "etc/pve/qemu-server/129.conf").read_text()
     )
+
+
+def fleet_inventory(path: Path, twins: list[TwinHandle], kernel: str) -> Path:
+    """Both twins in one inventory, each with its own API token file (as inventory/twin.py)."""
+    hosts = []
+    for t in twins:
+        own = {**spec(kernel), "proxmox": {"token_file": str(t.twin.dir / "api-token")}}
+        hosts.append(
+            f"gpu_host({t.name!r}, {own!r}, ssh_hostname={t.address!r}, ssh_user='root', "
+            f"ssh_key={str(t.key)!r}, ssh_known_hosts_file={str(t.known_hosts)!r}, "
+            "ssh_strict_host_key_checking='yes', gpuhost_reboot_delay=1)"
+        )
+    path.write_text(f"from gpuhost.spec.inventory import gpu_host\nhosts = [{', '.join(hosts)}]\n")
+    return path
+
+
+def test_each_host_of_a_fleet_gets_its_mappings_through_its_own_api(
+    twin_fleet: Fleet, modules, tmp_path: Path
+) -> None:
+    """Two kpro6 twins in one inventory (benchmarks/rerun.py --fleet 2): each host's mappings and
+    VM entries go to that host's own API with its own token, not to the first host's."""
+    twins = twin_fleet.start(2, "kpro6")
+    try:
+        kernels = {with_driver(t, modules, VERSION) for t in twins}
+        assert len(kernels) == 1, kernels
+        for t in twins:
+            put(t, "/etc/pve/qemu-server/129.conf", "machine: q35\nname: vm129\n")
+            put(t, "/etc/pve/lxc/200.conf", "arch: amd64\nhostname: ct200\nostype: debian\n")
+        inv = fleet_inventory(tmp_path / "fleet.py", twins, kernels.pop())
+
+        done = deploy(inv)
+        assert done.rc == 0, done.output[-4000:]
+        for t in twins:
+            mappings = (t.root / "etc/pve/mapping/pci.cfg").read_text()
+            assert mappings.count("\tmap ") == 2 and mappings.count(f"node={t.name},") == 2, (
+                t.name,
+                mappings,
+            )
+            conf = (t.root / "etc/pve/qemu-server/129.conf").read_text()
+            assert "hostpci0: mapping=gpuhost-0000-c1-00,pcie=1" in conf, (t.name, conf)
+        again = deploy(inv)
+        assert again.rc == 0 and not again.changed, again.output[-3000:]
+    finally:
+        for t in twins:
+            twin_fleet.stop(t)
 
 
 def test_a_gpu_given_twice_is_refused_with_nothing_changed(fresh, tmp_path: Path) -> None:

@@ -43,3 +43,23 @@ def test_token_file_must_be_private(tmp_path: Path) -> None:
     assert read_token(spec, {}).identity == "gpuhost@pve!deploy"
     with pytest.raises(ApiTokenError, match="cannot be read"):
         read_token(ProxmoxApiSpec(token_file=str(tmp_path / "absent")), {})
+
+
+def test_an_api_error_shows_proxmoxs_own_message() -> None:
+    """pveproxy sends a handler's die message as the HTTP reason; proxmoxer keeps it as the
+    exception's content, beside the code's standard phrase: the error shows the message."""
+    from proxmoxer import ResourceException
+
+    from gpuhost.pve.api import _describe
+
+    msg = "create hardware mapping failed: pci ID 'gpuhost-0000-c1-00' already defined"
+    died = ResourceException(500, "Internal Server Error", msg, errors={"errors": b""})
+    assert (
+        _describe("post", "/cluster/mapping/pci", died) == f"POST /cluster/mapping/pci: 500 {msg}"
+    )
+    bad = ResourceException(
+        400, "Bad Request", "Parameter verification failed.", errors={"map": "invalid format"}
+    )
+    assert _describe("put", "/x", bad) == (
+        "PUT /x: 400 Parameter verification failed. (map: invalid format)"
+    )
