@@ -14,9 +14,9 @@ import argparse
 import statistics
 import time
 
-from gpuhost.audit.plugin import Target, _runner, _testinfra_host
+from gpuhost.audit.connect import host_runner
 from gpuhost.audit.run import audit_all, gpu_containers, read_host
-from gpuhost.spec.inventory import SOURCE_KEY, load_inventory
+from gpuhost.spec.inventory import load_inventory
 
 
 def main() -> None:
@@ -31,18 +31,11 @@ def main() -> None:
     entries = load_inventory(args.inventory)
     name = args.host or next(iter(entries))
     spec, data = entries[name]
-    hostname = data.get("ssh_hostname") or name
-    url = (
-        "local://"
-        if args.local
-        else f"ssh://{data.get('ssh_user') or 'root'}@{hostname}:{data.get('ssh_port') or 22}"
-    )
-    target = Target(name, spec, data, url, data.get(SOURCE_KEY))
-    host = _testinfra_host(target)
+    run = host_runner(name, data, "local://" if args.local else None)  # None: its inventory address
     times = []
     for i in range(args.runs):
         t0 = time.monotonic()
-        audit = read_host(name, spec, _runner(host), None, sizes)
+        audit = read_host(name, spec, run, None, sizes)
         outcomes = audit_all(audit)
         times.append(time.monotonic() - t0)
         failed = [o.check.id for o in outcomes if o.status == "failed"]

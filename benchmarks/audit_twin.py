@@ -20,10 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1]))
 os.environ.setdefault("GPUHOST_TWIN_TEST_INDEX", "250")
 
-from gpuhost.audit.plugin import Target, _runner, _testinfra_host
+from gpuhost.audit.connect import host_runner
 from gpuhost.audit.run import audit_all, read_host
 from gpuhost.spec.inventory import load_inventory
-from tests.e2e.test_audit_twin import provision
+from tests.e2e.guests import provision
 from twin.hwtesting import ModuleCache
 from twin.pytest_plugin import Fleet
 
@@ -40,8 +40,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             inv = provision(twin, ModuleCache(), Path(tmp) / "kpro6.py")
             name, (spec, data) = next(iter(load_inventory(inv).items()))
-            target = Target(name, spec, data, f"ssh://root@{twin.address}:22", str(inv))
-            run = _runner(_testinfra_host(target))
+            run = host_runner(name, data, f"ssh://root@{twin.address}:22")
             times = []
             for i in range(args.runs):
                 t0 = time.monotonic()
