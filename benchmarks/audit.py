@@ -15,8 +15,29 @@ import statistics
 import time
 
 from gpuhost.audit.connect import host_runner
-from gpuhost.audit.run import audit_all, gpu_containers, read_host
+from gpuhost.audit.observe import Runner
+from gpuhost.audit.run import HostAudit, audit_all, gpu_containers, read_host
+from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import load_inventory
+
+
+def timed_runs(
+    name: str, spec: HostSpec, run: Runner, sizes: tuple[int, ...], runs: int
+) -> tuple[list[float], HostAudit]:
+    """``runs`` audits (read, then every check evaluated), each run's line printed: the wall
+    times, and the last audit (benchmarks/audit_twin.py too)."""
+    times = []
+    for i in range(runs):
+        t0 = time.monotonic()
+        audit = read_host(name, spec, run, None, sizes)
+        outcomes = audit_all(audit)
+        times.append(time.monotonic() - t0)
+        failed = [o.check.id for o in outcomes if o.status == "failed"]
+        print(
+            f"run {i + 1}: {times[-1]:.2f} s, {audit.commands} remote command(s), "
+            f"{len(outcomes)} checks ({len(failed)} failed{': ' + ', '.join(failed) if failed else ''})"
+        )
+    return times, audit
 
 
 def main() -> None:
@@ -32,17 +53,7 @@ def main() -> None:
     name = args.host or next(iter(entries))
     spec, data = entries[name]
     run = host_runner(name, data, "local://" if args.local else None)  # None: its inventory address
-    times = []
-    for i in range(args.runs):
-        t0 = time.monotonic()
-        audit = read_host(name, spec, run, None, sizes)
-        outcomes = audit_all(audit)
-        times.append(time.monotonic() - t0)
-        failed = [o.check.id for o in outcomes if o.status == "failed"]
-        print(
-            f"run {i + 1}: {times[-1]:.2f} s, {audit.commands} remote command(s), "
-            f"{len(outcomes)} checks ({len(failed)} failed{': ' + ', '.join(failed) if failed else ''})"
-        )
+    times, audit = timed_runs(name, spec, run, sizes, args.runs)
     guests = len(gpu_containers(spec))
     print(
         f"{name}: host + {guests} GPU container(s): median {statistics.median(times):.2f} s "
