@@ -101,6 +101,17 @@ def test_a_container_with_its_own_ssh_is_read_over_it(kpro6, tmp_path):
     host = json.loads((tmp_path / "a.json").read_text())["hosts"][twin.name]
     assert host["guests"] == {"ct200": f"ssh root@{twin.guest(200).address}"}
     assert host["remote_commands"] == 2
+    # `gpuhost metrics` on the same inventory: ct200 read over its own SSH too (the shared runner)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuhost.cli", "metrics", str(inv), "--p2p-sizes", "4096"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    cuda = f'gpuhost_check_ok{{host="{twin.name}",guest="ct200",check="ct.cuda"}} 1'
+    assert cuda in done.stdout.splitlines(), done.stdout[-3000:]
 
 
 def _planted(
