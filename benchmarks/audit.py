@@ -14,9 +14,30 @@ import argparse
 import statistics
 import time
 
-from gpuhost.audit.plugin import Target, _runner, _testinfra_host
-from gpuhost.audit.run import audit_all, gpu_containers, read_host
-from gpuhost.spec.inventory import SOURCE_KEY, load_inventory
+from gpuhost.audit.connect import host_runner
+from gpuhost.audit.observe import Runner
+from gpuhost.audit.run import HostAudit, audit_all, gpu_containers, read_host
+from gpuhost.spec.host import HostSpec
+from gpuhost.spec.inventory import load_inventory
+
+
+def timed_runs(
+    name: str, spec: HostSpec, run: Runner, sizes: tuple[int, ...], runs: int
+) -> tuple[list[float], HostAudit]:
+    """``runs`` audits (read, then every check evaluated), each run's line printed: the wall
+    times, and the last audit (benchmarks/audit_twin.py too)."""
+    times = []
+    for i in range(runs):
+        t0 = time.monotonic()
+        audit = read_host(name, spec, run, None, sizes)
+        outcomes = audit_all(audit)
+        times.append(time.monotonic() - t0)
+        failed = [o.check.id for o in outcomes if o.status == "failed"]
+        print(
+            f"run {i + 1}: {times[-1]:.2f} s, {audit.commands} remote command(s), "
+            f"{len(outcomes)} checks ({len(failed)} failed{': ' + ', '.join(failed) if failed else ''})"
+        )
+    return times, audit
 
 
 def main() -> None:
@@ -31,25 +52,8 @@ def main() -> None:
     entries = load_inventory(args.inventory)
     name = args.host or next(iter(entries))
     spec, data = entries[name]
-    hostname = data.get("ssh_hostname") or name
-    url = (
-        "local://"
-        if args.local
-        else f"ssh://{data.get('ssh_user') or 'root'}@{hostname}:{data.get('ssh_port') or 22}"
-    )
-    target = Target(name, spec, data, url, data.get(SOURCE_KEY))
-    host = _testinfra_host(target)
-    times = []
-    for i in range(args.runs):
-        t0 = time.monotonic()
-        audit = read_host(name, spec, _runner(host), None, sizes)
-        outcomes = audit_all(audit)
-        times.append(time.monotonic() - t0)
-        failed = [o.check.id for o in outcomes if o.status == "failed"]
-        print(
-            f"run {i + 1}: {times[-1]:.2f} s, {audit.commands} remote command(s), "
-            f"{len(outcomes)} checks ({len(failed)} failed{': ' + ', '.join(failed) if failed else ''})"
-        )
+    run = host_runner(name, data, "local://" if args.local else None)  # None: its inventory address
+    times, audit = timed_runs(name, spec, run, sizes, args.runs)
     guests = len(gpu_containers(spec))
     print(
         f"{name}: host + {guests} GPU container(s): median {statistics.median(times):.2f} s "

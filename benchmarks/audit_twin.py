@@ -14,16 +14,15 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 os.environ.setdefault("GPUHOST_TWIN_TEST_INDEX", "250")
 
-from gpuhost.audit.plugin import Target, _runner, _testinfra_host
-from gpuhost.audit.run import audit_all, read_host
+from benchmarks.audit import timed_runs
+from gpuhost.audit.connect import host_runner
 from gpuhost.spec.inventory import load_inventory
-from tests.e2e.test_audit_twin import provision
+from tests.e2e.guests import provision
 from twin.hwtesting import ModuleCache
 from twin.pytest_plugin import Fleet
 
@@ -40,18 +39,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             inv = provision(twin, ModuleCache(), Path(tmp) / "kpro6.py")
             name, (spec, data) = next(iter(load_inventory(inv).items()))
-            target = Target(name, spec, data, f"ssh://root@{twin.address}:22", str(inv))
-            run = _runner(_testinfra_host(target))
-            times = []
-            for i in range(args.runs):
-                t0 = time.monotonic()
-                audit = read_host(name, spec, run, None, sizes)
-                outcomes = audit_all(audit)
-                times.append(time.monotonic() - t0)
-                counts = {
-                    s: sum(o.status == s for o in outcomes) for s in ("passed", "failed", "skipped")
-                }
-                print(f"run {i + 1}: {times[-1]:.2f} s, {audit.commands} remote commands, {counts}")
+            run = host_runner(name, data, f"ssh://root@{twin.address}:22")
+            times, audit = timed_runs(name, spec, run, sizes, args.runs)
             print(
                 f"kpro6 twin, host + ct200 (6 GPUs) + vm129 (2 GPUs), P2P sizes {sizes}: "
                 f"median {statistics.median(times):.2f} s over {args.runs} runs, "

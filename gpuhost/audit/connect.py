@@ -8,11 +8,13 @@ import hashlib
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpuhost.audit.observe import Runner
 from gpuhost.hostkeys import unknown_host_key
+from gpuhost.spec.guests import LxcGuest
 
 
 class UnknownHostKey(ValueError):
@@ -59,6 +61,26 @@ def testinfra_runner(host: Any) -> Runner:
         return result.rc, result.stdout, result.stderr
 
     return run
+
+
+def host_runner(name: str, data: dict[str, Any], url: str | None = None) -> Runner:
+    """The inventory host ``name``'s commands, at ``url`` (default: its inventory address; or
+    local://). Raises UnknownHostKey before anything connects."""
+    return testinfra_runner(testinfra_host(name, data, url or host_url(name, data)))
+
+
+def guest_runners(name: str, data: dict[str, Any]) -> Callable[[LxcGuest], Runner]:
+    """For the host ``name``: a guest with SSH of its own, reached at its access address with the
+    host's key and known_hosts settings (the guest's own address is the one its key is looked up
+    by). Raises UnknownHostKey when the guest's key is unknown, before anything connects."""
+
+    def runner(guest: LxcGuest) -> Runner:
+        access = guest.access
+        url = f"ssh://{access.ssh_user}@{access.ssh_hostname}:{access.ssh_port}"
+        guest_data = {**data, "ssh_hostname": access.ssh_hostname, "ssh_port": access.ssh_port}
+        return host_runner(name, guest_data, url)
+
+    return runner
 
 
 def local_runner(command: str) -> tuple[int, str, str]:

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from gpuhost.audit.connect import UnknownHostKey, host_url, testinfra_host, testinfra_runner
+from gpuhost.audit.connect import UnknownHostKey, guest_runners, host_runner, host_url
 from gpuhost.audit.model import Check, Outcome
+from gpuhost.audit.observe import Runner
 from gpuhost.audit.run import HostAudit, cases, evaluate, read_host
 from gpuhost.observe.cuda import DEFAULT_SIZES
-from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.host import HostSpec
 from gpuhost.spec.inventory import SOURCE_KEY, load_inventory
 
@@ -89,14 +89,11 @@ def _targets(config: pytest.Config) -> list[Target]:
     return targets
 
 
-def _testinfra_host(target: Target, url: str | None = None, data: dict[str, Any] | None = None):
+def _host_runner(target: Target) -> Runner:
     try:
-        return testinfra_host(target.name, target.data if data is None else data, url or target.url)
-    except UnknownHostKey as exc:
+        return host_runner(target.name, target.data, target.url)
+    except UnknownHostKey as exc:  # nothing connects: the message says how to add the key
         pytest.exit(str(exc), returncode=3)
-
-
-_runner = testinfra_runner
 
 
 class AuditSession:
@@ -113,21 +110,12 @@ class AuditSession:
         if target.name in self.errors:
             pytest.fail(self.errors[target.name], pytrace=False)
         if target.name not in self.audits:
-            host = _testinfra_host(target)
-
-            def guest_runner(guest: LxcGuest):
-                access = guest.access
-                url = f"ssh://{access.ssh_user}@{access.ssh_hostname}:{access.ssh_port}"
-                data = {
-                    **target.data,
-                    "ssh_hostname": access.ssh_hostname,
-                    "ssh_port": access.ssh_port,
-                }
-                return _runner(_testinfra_host(target, url, data))
-
+            run = _host_runner(target)
+            # A guest's unknown key: read_host raises it, and its host's checks fail with its message.
+            guest_runner = guest_runners(target.name, target.data)
             try:
                 self.audits[target.name] = read_host(
-                    target.name, target.spec, _runner(host), guest_runner, self.sizes, target.source
+                    target.name, target.spec, run, guest_runner, self.sizes, target.source
                 )
             except Exception as exc:  # one clear line per check, not a traceback each
                 self.errors[target.name] = f"{target.name} could not be read: {exc}"

@@ -17,18 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpuhost.audit.connect import (
-    UnknownHostKey,
-    host_url,
-    local_runner,
-    testinfra_host,
-    testinfra_runner,
-)
-from gpuhost.audit.observe import Runner
+from gpuhost.audit.connect import UnknownHostKey, guest_runners, host_runner, local_runner
 from gpuhost.metrics.collect import measure, samples
 from gpuhost.metrics.render import Sample, render
 from gpuhost.observe.cuda import DEFAULT_SIZES
-from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.specfile import load_spec, redacted_guests
 
 
@@ -94,23 +86,11 @@ def _remote(args: argparse.Namespace) -> tuple[list[Sample], list[str]]:
     failed = []
     for name, (spec, data) in hosts.items():
         try:
-            run = testinfra_runner(testinfra_host(name, data, host_url(name, data)))
-
-            def guest_runner(guest: LxcGuest, name: str = name, data: dict = data) -> Runner:
-                access = guest.access
-                url = f"ssh://{access.ssh_user}@{access.ssh_hostname}:{access.ssh_port}"
-                guest_data = {
-                    **data,
-                    "ssh_hostname": access.ssh_hostname,
-                    "ssh_port": access.ssh_port,
-                }
-                return testinfra_runner(testinfra_host(name, guest_data, url))
-
             measured = measure(
                 name,
                 spec,
-                run,
-                guest_runner,
+                host_runner(name, data),
+                guest_runners(name, data),
                 sizes,
                 data.get(SOURCE_KEY) or str(args.inventory),
             )

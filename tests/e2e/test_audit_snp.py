@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.audit.plugin import Target, _runner, _testinfra_host
+from gpuhost.audit.connect import host_runner
 from gpuhost.audit.run import audit_all, read_host
 from gpuhost.spec.inventory import load_inventory
 from tests.e2e.conftest import deploy, inventory, with_driver
-from tests.e2e.test_audit_twin import ct_config, give_readiness, put
+from tests.e2e.guests import ct_config, give_readiness, put
 from twin import driver as twin_driver
 from twin import node, userspace
 from twin.pytest_plugin import PVE_DIRS, TwinHandle
@@ -57,8 +57,8 @@ def snp(twin_fleet, modules, tmp_path_factory):
 
 def audit(twin: TwinHandle, inv: Path):
     name, (spec, data) = next(iter(load_inventory(inv).items()))
-    target = Target(name, spec, data, f"ssh://root@{twin.address}:22", str(inv))
-    outcomes = audit_all(read_host(name, spec, _runner(_testinfra_host(target)), None, (4096,)))
+    run = host_runner(name, data, f"ssh://root@{twin.address}:22")
+    outcomes = audit_all(read_host(name, spec, run, None, (4096,)))
     return {
         o.check.id + ("/" + o.target.split("/")[1] if "/" in o.target else ""): o for o in outcomes
     }

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import ROOT, deploy, inventory, with_driver
-from tests.e2e.test_audit_twin import SPEC, VERSION, audit
+from tests.e2e.guests import SPEC, VERSION, audit
 from tests.e2e.test_driver_install import TREE
 from twin.hwtesting import ModuleCache
 from twin.nvinstaller import build_installer

@@ -298,12 +298,12 @@ SOFTWARE_CHECKS = ("ct.toolkits", "ct.venvs", "ct.environment", "ct.services")
 
 def software_audit(site: Site) -> dict[str, list[str]]:
     """check id -> the 'found' of each finding, for the guest software checks (through pct exec)."""
-    from gpuhost.audit.plugin import Target, _runner, _testinfra_host
+    from gpuhost.audit.connect import host_runner
     from gpuhost.audit.run import audit_all, read_host
 
     name, (spec, data) = next(iter(load_inventory(site.inv).items()))
-    target = Target(name, spec, data, f"ssh://root@{site.twin.address}:22", str(site.inv))
-    host = read_host(name, spec, _runner(_testinfra_host(target)), None, (4096,))
+    run = host_runner(name, data, f"ssh://root@{site.twin.address}:22")
+    host = read_host(name, spec, run, None, (4096,))
     outcomes = {o.check.id: o for o in audit_all(host) if o.check.id in SOFTWARE_CHECKS}
     assert sorted(outcomes) == sorted(SOFTWARE_CHECKS)
     assert all(o.status != "skipped" for o in outcomes.values()), {

@@ -14,8 +14,8 @@ from gpuhost.audit.gate import run_gate
 from gpuhost.build.artifacts import ArtifactKey, ArtifactStore
 from gpuhost.spec.inventory import load_inventory
 from tests.e2e.conftest import deploy, inventory, manifest
+from tests.e2e.guests import ct_config, put
 from tests.e2e.reprovision import GCC, OLD, fresh_kpro6
-from tests.e2e.test_audit_twin import ct_config, put
 from tests.e2e.test_boot_slice import KPRO6
 from tests.e2e.test_trial_deploy import (
     TREE,

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from tests.e2e.conftest import deploy
-from tests.e2e.test_audit_twin import put
+from tests.e2e.guests import put
 from tests.e2e.test_kill_and_rerun import kill_when, start
 from tests.e2e.test_trial_deploy import NEW, OLD, boot_attempts, pinned, trial_twin
 from twin import processes

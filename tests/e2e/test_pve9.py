@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import deploy, inventory, with_driver
-from tests.e2e.test_audit_twin import (
+from tests.e2e.guests import (
     SPEC,
     VERSION,
     audit,

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from tests.e2e.conftest import deploy, inventory
-from tests.e2e.test_audit_twin import (
+from tests.e2e.guests import (
     SPEC,
     VERSION,
     audit,

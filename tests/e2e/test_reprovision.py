@@ -5,8 +5,8 @@ wiped twin with the same spec and stores is restored with zero compiler runs on 
 from __future__ import annotations
 
 from tests.e2e.conftest import deploy
+from tests.e2e.guests import audit
 from tests.e2e.reprovision import VERSION, Provisioned, provision
-from tests.e2e.test_audit_twin import audit
 
 
 def check_restored(p: Provisioned, release: str) -> None:

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import ROOT, deploy, inventory, manifest
+from tests.e2e.guests import audit
 from tests.e2e.reprovision import GCC, OLD, fresh_kpro6
-from tests.e2e.test_audit_twin import audit
 from twin import hardware, userspace
 from twin.modbuild import GSP_FIRMWARE
 from twin.profile import Kernel

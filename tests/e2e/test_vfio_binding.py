@@ -15,7 +15,7 @@ import json
 import pytest
 
 from tests.e2e.conftest import deploy, inventory, with_driver
-from tests.e2e.test_audit_twin import audit
+from tests.e2e.guests import audit
 from tests.e2e.test_boot_slice import KPRO6
 from twin.pytest_plugin import TwinHandle
 

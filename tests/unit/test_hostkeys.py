@@ -5,8 +5,11 @@ import sys
 from pathlib import Path
 
 import paramiko
+import pytest
 
+from gpuhost.audit.connect import UnknownHostKey, guest_runners, host_runner
 from gpuhost.hostkeys import unknown_host_key
+from gpuhost.spec.guests import LxcGuest
 from tests.unit.test_cli import H200_INVENTORY, ROOT
 
 KEY = paramiko.RSAKey.generate(1024)
@@ -38,6 +41,25 @@ def test_known_key_hashed_or_not_passes(tmp_path: Path) -> None:
     assert (
         unknown_host_key("kpro7", {**data, "ssh_hostname": "kpro7.lan", "ssh_port": 2222}) is None
     )
+
+
+def test_a_guest_with_its_own_ssh_is_judged_by_its_own_key(tmp_path: Path) -> None:
+    """The runner the audit and `gpuhost metrics` share: the host's key is known, the guest's
+    (its own address and port) is not; the guest stops before it connects, saying so, and the
+    inventory's secrets are not in the message."""
+    path = known_hosts(tmp_path / "known_hosts", "kpro6.lan")
+    data = {
+        "ssh_hostname": "kpro6.lan",
+        "ssh_known_hosts_file": str(path),
+        "ssh_password": "hunter2-x",
+    }
+    assert callable(host_runner("kpro6", data))  # testinfra connects on its first command only
+    guest = LxcGuest(name="ct200", ctid=200, access={"ssh_hostname": "ct200.lan", "ssh_port": 2222})
+    with pytest.raises(UnknownHostKey) as raised:
+        guest_runners("kpro6", data)(guest)
+    message = str(raised.value)
+    assert message.startswith(f"kpro6: no host key for [ct200.lan]:2222 in {path}"), message
+    assert "ssh-keyscan -H -p 2222 ct200.lan" in message and "hunter2" not in message
 
 
 def test_only_strict_checking_is_judged(tmp_path: Path) -> None:
