@@ -93,6 +93,7 @@ def host_start(facts: HostFacts, raw: dict, assumed: list[str]) -> dict[str, Any
     start: dict[str, Any] = {}
     start["files"], start["links"] = files(facts, assumed)
     start["running_kernel"] = facts.kernel.release
+    start["cmdline"] = " ".join(facts.cmdline)  # what booted, as /proc/cmdline showed it
     if facts.driver is not None:
         loaded = None
         if facts.loaded_modules is not None:
@@ -113,10 +114,13 @@ def host_start(facts: HostFacts, raw: dict, assumed: list[str]) -> dict[str, Any
         "qemu-server": facts.release.qemu_server,
         "pve-container": facts.pve_container.version if facts.pve_container else None,
     }
+    # {}: the host had none of them; None: not captured (the profile's Proxmox release's own)
     start["packages"] = {k: v for k, v in packages.items() if v}
     if "HostRelease" not in raw:
+        start["packages"] = None
         assumed.append(
-            "start.packages, start.os_release: not captured (no HostRelease): the twin's own"
+            "start.packages, start.os_release: not captured (no HostRelease): those of the"
+            " twin's Proxmox VE release"
         )
     release = facts.release
     os_release = {

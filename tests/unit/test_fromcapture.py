@@ -63,6 +63,7 @@ def test_profile_validates_and_carries_the_hardware(name):
     running = profile.kernel(facts.kernel.release)
     assert running is not None and running.gcc == facts.kernel.compiler
     assert profile.start.running_kernel == facts.kernel.release
+    assert profile.start.cmdline.split() == facts.cmdline
     assert (profile.start.driver.version, profile.start.driver.open) == (
         facts.driver.version,
         facts.driver.open,
@@ -139,6 +140,7 @@ def test_h200x2_is_close_to_the_hand_made_profile():
         g.model_dump(include=keep | {"numa_affinity", "irq"}) for g in hand.gpus
     ]
     assert profile.topology == hand.topology
+    assert profile.start.packages is None  # no HostRelease in this older capture
     assert profile.nvidia.model_dump(exclude={"fixed_majors"}) == hand.nvidia.model_dump(
         exclude={"fixed_majors"}
     )
