@@ -99,9 +99,14 @@ def host_start(facts: HostFacts, raw: dict, assumed: list[str]) -> dict[str, Any
         if facts.loaded_modules is not None:
             loaded = [m for m in facts.loaded_modules if m.startswith("nvidia")]
         else:
+            # ModuleParameters lists only loaded modules (/sys/module/<m>/parameters), and the
+            # driver's version file exists only while nvidia is loaded
+            loaded = [m for m in facts.module_parameters if m.startswith("nvidia_")]
+            loaded.append("nvidia")
             assumed.append(
-                "start.driver.loaded: not captured (no LoadedModules): the twin loads what its"
-                " driver install loads"
+                f"start.driver.loaded: {', '.join(loaded)}: the NVIDIA modules with live"
+                " parameters (ModuleParameters) and nvidia itself (NvidiaDriver); no"
+                " LoadedModules in the capture"
             )
         start["driver"] = {
             "version": facts.driver.version,

@@ -141,6 +141,8 @@ def test_h200x2_is_close_to_the_hand_made_profile():
     ]
     assert profile.topology == hand.topology
     assert profile.start.packages is None  # no HostRelease in this older capture
+    # no LoadedModules either: the modules with live parameters, and nvidia whose version it read
+    assert profile.start.driver.loaded == ["nvidia_uvm", "nvidia"]
     assert profile.nvidia.model_dump(exclude={"fixed_majors"}) == hand.nvidia.model_dump(
         exclude={"fixed_majors"}
     )
