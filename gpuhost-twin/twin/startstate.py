@@ -46,12 +46,14 @@ from twin.profile import Profile
 from twin.profile_start import HostStart
 
 START_STATE = "var/lib/gpuhost-twin/start.json"
-# pmxcfs makes these links itself, to the node it runs on (pve-cluster's cfs_create_node_links
-# in src/pmxcfs/cfs-plug-link.c: local, lxc, qemu-server, openvz): never a capture's.
+# pmxcfs makes these links itself, to the node it runs on (pve-cluster src/pmxcfs/pmxcfs.c
+# create_symlinks: local, qemu-server, openvz, lxc -> nodes/<nodename>...): never a capture's.
 PMXCFS_LINKS = ("/etc/pve/local", "/etc/pve/lxc", "/etc/pve/qemu-server", "/etc/pve/openvz")
 TWIN_OWN = ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf")  # the twin's name and address
-OPEN_LICENSE = "Dual MIT/GPL"  # kernel-open/nvidia: MODULE_LICENSE("Dual MIT/GPL")
-CLOSED_LICENSE = "NVIDIA"  # the proprietary kernel/nvidia: MODULE_LICENSE("NVIDIA")
+# MODULE_LICENSE of nvidia.ko (nv-frontend.c): open-gpu-kernel-modules' kernel-open/ "Dual
+# MIT/GPL", the proprietary kernel/ "NVIDIA" (what /proc/driver/nvidia/version's flavour follows)
+OPEN_LICENSE = "Dual MIT/GPL"
+CLOSED_LICENSE = "NVIDIA"
 
 
 def install(root: Path, profile: Profile, cache: ModuleCache | None = None) -> None:
