@@ -187,14 +187,10 @@ def add_kernel(root: Path, kernel: Kernel, headers: bool = True) -> None:
         f"{m['path']}:{''.join(' ' + hwsim.IN_TREE[d]['path'] for d in m['deps'])}\n"
         for m in hwsim.IN_TREE.values()
     )
-    builtin = "kernel/drivers/pci/pcie/portdrv.ko\n"
-    if kernel.builtin_drivers:  # depmod lists built-in modules in modules.builtin only
-        builtin += "".join(f"{m['path']}\n" for m in hwsim.IN_TREE.values())
-        deps = ""
     if kernel.zfs:  # pve-kernel's debian/rules installs them into zfs/, depmod indexes them
         deps += "zfs/zfs.ko: zfs/spl.ko\nzfs/spl.ko:\n"  # (like IN_TREE's, no files)
     (moddir / "modules.dep").write_text(deps)
-    (moddir / "modules.builtin").write_text(builtin)
+    (moddir / "modules.builtin").write_text("kernel/drivers/pci/pcie/portdrv.ko\n")
     (moddir / "twin-kernel.json").write_text(json.dumps(kernel.model_dump(), indent=1) + "\n")
     if headers and modbuild.debian_headers(root) is not None:
         modbuild.stamp_headers(root, v, root)

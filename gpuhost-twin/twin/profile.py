@@ -210,9 +210,6 @@ class Kernel(_Model):
     # /lib/modules/<ver>/zfs/, and the pcie_acs_override patch (a symbol in System.map).
     zfs: bool = True
     acs_override: bool = True
-    # Every in-tree driver built in, none a loadable module (modules.builtin): a kernel with no
-    # module tree of its own, like the H200 captures' microVM kernel (no /lib/modules/<ver>)
-    builtin_drivers: bool = False
 
     @field_validator("gcc")
     @classmethod
