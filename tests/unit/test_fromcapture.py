@@ -224,7 +224,11 @@ def test_redaction_rule():
     assert redact("net0: name=eth0,bridge=vmbr0\nhookscript: local:snippets/gpuhost-ready") == (
         "net0: name=eth0,bridge=vmbr0\nhookscript: local:snippets/gpuhost-ready"
     )
-    assert redact('PASSWORD="a b" X=1') == f"PASSWORD={REDACTED} X=1"
+    assert redact('PASSWORD="a b" X=1') == f'PASSWORD="{REDACTED}" X=1'
+    assert redact('{"token_secret": "abc-1", "node": "pve1"}') == (
+        f'{{"token_secret": "{REDACTED}", "node": "pve1"}}'
+    )
+    assert redact("password: hunter2 # the root one") == f"password: {REDACTED}"
     assert redact("cipassword: $5$salt$hash more") == f"cipassword: {REDACTED}"
     assert redact("url: https://user:pw@example.invalid/x") == "url: https://***@example.invalid/x"
 
