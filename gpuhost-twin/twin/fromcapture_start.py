@@ -98,7 +98,10 @@ def host_start(facts: HostFacts, raw: dict, assumed: list[str]) -> dict[str, Any
     # the globs a captured fact read in full: there the twin keeps only what the capture holds
     exact: list[str] = []
     if facts.managed is not None:
-        exact += MANAGED_PATHS
+        # not /etc/pve's: ConfigFiles read them only from 2026-12-02 on (storage.cfg from 12-04),
+        # and a snapshot does not say which command took it; the twin keeps its own there
+        # unless the capture holds one
+        exact += [glob for glob in MANAGED_PATHS if not glob.startswith("/etc/pve/")]
     if facts.module_config is not None:
         exact += MODULE_CONFIG_PATHS
     start["exact"] = exact

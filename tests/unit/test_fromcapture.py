@@ -127,6 +127,7 @@ def test_h200x1_says_what_it_assumed():
     # both file facts were captured: the twin keeps nothing there the capture did not hold
     assert "/etc/modprobe.d/*.conf" in profile.start.exact
     assert "/etc/modprobe.d/gpuhost-*.conf" in profile.start.exact
+    assert not [glob for glob in profile.start.exact if glob.startswith("/etc/pve/")]
     assert profile.zfs_pools == []
 
 
