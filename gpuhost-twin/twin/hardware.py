@@ -186,6 +186,7 @@ def add_kernel(root: Path, kernel: Kernel, headers: bool = True) -> None:
     deps = "".join(
         f"{m['path']}:{''.join(' ' + hwsim.IN_TREE[d]['path'] for d in m['deps'])}\n"
         for m in hwsim.IN_TREE.values()
+        if kernel.in_tree_modules
     )
     if kernel.zfs:  # pve-kernel's debian/rules installs them into zfs/, depmod indexes them
         deps += "zfs/zfs.ko: zfs/spl.ko\nzfs/spl.ko:\n"  # (like IN_TREE's, no files)

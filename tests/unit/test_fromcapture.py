@@ -112,6 +112,9 @@ def test_h200x1_says_what_it_assumed():
     assert any(line.startswith("boot.default_grub:") for line in profile.assumed)
     assert any(line.startswith("boot.loader:") for line in profile.assumed)
     assert profile.kernels[0].gcc == "gcc (GCC) 15.3.0" and not profile.kernels[0].zfs
+    # KernelFeatureFiles read every /lib/modules/*/ and found none: the microVM's kernel has no
+    # module tree (h200x1-boot-raw/ls_modules.out), so no in-tree module can load on its twin
+    assert facts.kernel_features.kernels == {} and not profile.kernels[0].in_tree_modules
     assert profile.start.os_release == {
         "ID": "ubuntu",
         "VERSION_ID": "24.04",
