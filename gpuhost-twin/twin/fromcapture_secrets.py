@@ -19,10 +19,11 @@ from gpuhost.redact import is_secret_name, mask_secrets
 REDACTED = "REDACTED"
 _PRIVATE_DIRS = ("/etc/pve/priv/",)
 _PRIVATE_SUFFIXES = (".key",)
-# KEY=value or key: value, wherever it stands in a line (an LXC line `lxc.environment: TOKEN=x`
-# holds one inside another); a value is quoted, or ends at whitespace, a comma or a semicolon.
+# KEY=value, key: value or JSON's "key": "value", wherever it stands in a line (an LXC line
+# `lxc.environment: TOKEN=x` holds one inside another); a value is quoted, or ends at
+# whitespace, a comma or a semicolon.
 _ENTRY = re.compile(
-    r"(?P<key>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*[=:]\s*)"
+    r"(?P<key>[A-Za-z_][A-Za-z0-9_.-]*)(?P<kq>[\"']?)(?P<sep>\s*[=:]\s*)"
     r"(?P<value>\"[^\"]*\"?|'[^']*'?|[^\s,;]+)(?P<rest>.*)$"
 )
 
@@ -45,13 +46,16 @@ def redact(text: str) -> str:
         match = _ENTRY.search(text)
         if match is None:
             return text
-        head, key, sep = text[: match.start()], match["key"], match["sep"]
-        if is_secret_name(key):
+        head, value = text[: match.start()], match["value"]
+        key = f"{match['key']}{match['kq']}{match['sep']}"
+        if is_secret_name(match["key"]):
+            if value[0] in "\"'":  # a quoted value keeps its quotes (JSON, shell)
+                return f"{head}{key}{value[0]}{REDACTED}{value[0]}{line_of(match['rest'])}"
             # `key: value` runs to the end of the line (a Proxmox or YAML option); KEY=value ends
             # where its value does
-            rest = "" if ":" in sep else line_of(match["rest"])
-            return f"{head}{key}{sep}{REDACTED}{rest}"
+            rest = "" if ":" in match["sep"] else line_of(match["rest"])
+            return f"{head}{key}{REDACTED}{rest}"
         # the value may hold entries of its own: `lxc.environment: API_TOKEN=...`
-        return f"{head}{key}{sep}{line_of(match['value'])}{line_of(match['rest'])}"
+        return f"{head}{key}{line_of(value)}{line_of(match['rest'])}"
 
     return "\n".join(line_of(mask_secrets(line)) for line in text.split("\n"))

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuhost.observe.files import MODULE_CONFIG_PATHS
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.observe.proxmox import _CONF_HEADER
+from gpuhost.observe.snapshot import MISSING_TOOL
+from gpuhost.paths import MANAGED_PATHS
 from twin.fromcapture_secrets import redact, secret_path
 
 # Proxmox's own files among those gpuhost reads, which a twin keeps as its own: the node link
@@ -92,6 +95,13 @@ def guests(facts: HostFacts, raw_lines: list[str], assumed: list[str]) -> list[d
 def host_start(facts: HostFacts, raw: dict, assumed: list[str]) -> dict[str, Any]:
     start: dict[str, Any] = {}
     start["files"], start["links"] = files(facts, assumed)
+    # the globs a captured fact read in full: there the twin keeps only what the capture holds
+    exact: list[str] = []
+    if facts.managed is not None:
+        exact += MANAGED_PATHS
+    if facts.module_config is not None:
+        exact += MODULE_CONFIG_PATHS
+    start["exact"] = exact
     start["running_kernel"] = facts.kernel.release
     start["cmdline"] = " ".join(facts.cmdline)  # what booted, as /proc/cmdline showed it
     if facts.driver is not None:
@@ -121,7 +131,14 @@ def host_start(facts: HostFacts, raw: dict, assumed: list[str]) -> dict[str, Any
     }
     # {}: the host had none of them; None: not captured (the profile's Proxmox release's own)
     start["packages"] = {k: v for k, v in packages.items() if v}
-    if "HostRelease" not in raw:
+    if "HostRelease" not in raw and raw.get("BootTool", (0, []))[0] == MISSING_TOOL:
+        # proxmox-boot-tool comes with proxmox-kernel-helper, part of every Proxmox VE install
+        # (`pveversion -v` lists it): a host without it has no Proxmox VE
+        assumed.append(
+            "start.packages: none (no HostRelease; proxmox-boot-tool was absent, BootTool exit"
+            " status 127, so the host had no Proxmox VE); start.os_release: the twin's own"
+        )
+    elif "HostRelease" not in raw:
         start["packages"] = None
         assumed.append(
             "start.packages, start.os_release: not captured (no HostRelease): those of the"

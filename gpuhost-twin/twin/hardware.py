@@ -83,6 +83,8 @@ def install(root: Path, profile: Profile) -> None:
     for package in ("hwsim", "hwshim"):
         bytecode.copy_package(here / package, shim_dir / package)
     for tool in TOOLS:
+        if tool == "pvesm" and profile.start is not None and profile.start.packages == {}:
+            continue  # libpve-storage-perl's CLI: a host captured without Proxmox VE has none
         _install_tool(root, tool)
     for kernel in profile.kernels:
         add_kernel(root, kernel)

@@ -88,6 +88,7 @@ def test_kpro6_boot_kernels_and_guests():
     assert profile.start.files["/etc/kernel/cmdline"] == facts.files["/etc/kernel/cmdline"]
     assert sorted(k.version for k in profile.kernels) == facts.boot_kernels.all
     assert profile.quirks.sev_snp == facts.sev.snp_host
+    assert profile.start.packages is None  # proxmox-boot-tool there, no HostRelease: not known
     assert [(g.kind, g.vmid) for g in profile.start.guests] == sorted(facts.guest_configs)
     assert profile.start.driver.loaded == [m for m in facts.loaded_modules if "nvidia" in m]
     # Blackwell's FSP quirk follows the architecture (the hand-made kpro6.yaml has it too)
@@ -123,6 +124,9 @@ def test_h200x1_says_what_it_assumed():
     assert profile.start.packages == {} and profile.start.guests == []
     assert profile.start.driver.loaded == ["nvidia_uvm", "nvidia"]
     assert facts.module_config is not None and profile.start.files == {}
+    # both file facts were captured: the twin keeps nothing there the capture did not hold
+    assert "/etc/modprobe.d/*.conf" in profile.start.exact
+    assert "/etc/modprobe.d/gpuhost-*.conf" in profile.start.exact
     assert profile.zfs_pools == []
 
 
@@ -143,7 +147,9 @@ def test_h200x2_is_close_to_the_hand_made_profile():
         g.model_dump(include=keep | {"numa_affinity", "irq"}) for g in hand.gpus
     ]
     assert profile.topology == hand.topology
-    assert profile.start.packages is None  # no HostRelease in this older capture
+    # no HostRelease in this older capture, but no proxmox-boot-tool either: no Proxmox VE
+    assert profile.start.packages == {}
+    assert profile.start.exact == []  # nor any file fact
     # no LoadedModules either: the modules with live parameters, and nvidia whose version it read
     assert profile.start.driver.loaded == ["nvidia_uvm", "nvidia"]
     assert profile.nvidia.model_dump(exclude={"fixed_majors"}) == hand.nvidia.model_dump(
@@ -218,7 +224,11 @@ def test_redaction_rule():
     assert redact("net0: name=eth0,bridge=vmbr0\nhookscript: local:snippets/gpuhost-ready") == (
         "net0: name=eth0,bridge=vmbr0\nhookscript: local:snippets/gpuhost-ready"
     )
-    assert redact('PASSWORD="a b" X=1') == f"PASSWORD={REDACTED} X=1"
+    assert redact('PASSWORD="a b" X=1') == f'PASSWORD="{REDACTED}" X=1'
+    assert redact('{"token_secret": "abc-1", "node": "pve1"}') == (
+        f'{{"token_secret": "{REDACTED}", "node": "pve1"}}'
+    )
+    assert redact("password: hunter2 # the root one") == f"password: {REDACTED}"
     assert redact("cipassword: $5$salt$hash more") == f"cipassword: {REDACTED}"
     assert redact("url: https://user:pw@example.invalid/x") == "url: https://***@example.invalid/x"
 
