@@ -89,6 +89,9 @@ def test_kpro6_boot_kernels_and_guests():
     assert sorted(k.version for k in profile.kernels) == facts.boot_kernels.all
     assert profile.quirks.sev_snp == facts.sev.snp_host
     assert profile.start.packages is None  # proxmox-boot-tool there, no HostRelease: not known
+    # an older ConfigFiles (no ModuleConfigFiles beside it) did not read /etc/pve's files
+    assert "/etc/kernel/cmdline" in profile.start.exact
+    assert not [glob for glob in profile.start.exact if glob.startswith("/etc/pve/")]
     assert [(g.kind, g.vmid) for g in profile.start.guests] == sorted(facts.guest_configs)
     assert profile.start.driver.loaded == [m for m in facts.loaded_modules if "nvidia" in m]
     # Blackwell's FSP quirk follows the architecture (the hand-made kpro6.yaml has it too)
@@ -127,7 +130,7 @@ def test_h200x1_says_what_it_assumed():
     # both file facts were captured: the twin keeps nothing there the capture did not hold
     assert "/etc/modprobe.d/*.conf" in profile.start.exact
     assert "/etc/modprobe.d/gpuhost-*.conf" in profile.start.exact
-    assert not [glob for glob in profile.start.exact if glob.startswith("/etc/pve/")]
+    assert "/etc/pve/storage.cfg" in profile.start.exact  # a snapshot new enough to read it
     assert profile.zfs_pools == []
 
 
