@@ -246,6 +246,12 @@ def test_bad_captures_name_the_fact_and_the_fix():
     raw["KernelBuildInfo"] = (0, ["not a kernel"])
     with pytest.raises(CaptureError, match=r"/proc/version.*capture the host again"):
         made("h200x2", raw)
+    raw = read_snapshot(CAPTURES["kpro6"])
+    secret = base64.b64encode(b"\xff" + b"token=8c0e3a52-51b6-4d1c-b2f6-9e77c1f0a1d4" * 4).decode()
+    raw["ConfigFiles"] = (0, [f"F /etc/gpuhost/x {secret}"])
+    with pytest.raises(CaptureError, match=r"managed files: not base64 text") as bad:
+        made("kpro6", raw)
+    assert secret not in str(bad.value) and "characters)" in str(bad.value)
     raw = read_snapshot(CAPTURES["h200x2"])
     raw["PciDevices"] = (0, [])
     with pytest.raises(CaptureError, match=r"fact PciDevices is empty"):
