@@ -59,6 +59,7 @@ from twin.hwsim import efivars, grubenv, storage
 from twin.profile import Profile
 
 BOOTCFG = "var/lib/gpuhost-twin/bootcfg.json"
+START_KERNEL = "var/lib/gpuhost-twin/start-kernel"  # twin/startstate.py: the first boot's
 ESP_DIR = "var/lib/gpuhost-twin/esp"  # what each ESP's vfat holds that the twin keeps as files
 LOADER_INFO = "systemd-boot 252.39-1~deb12u2"
 MAX_BOOTS = 5  # a panic loop this long counts as bricked (a real one never ends)
@@ -157,6 +158,12 @@ def _select(hw: hwsim.Hw, profile: Profile, cfg: dict, installed: list[str]) -> 
     entries = [k for k in cfg["kernels"] if k in installed] or installed
     newest = sorted(entries, key=hwsim.version_key)[-1]
     default = cfg["kernel_default"] if cfg["kernel_default"] in entries else newest
+    # A twin made from a capture boots the kernel the host ran, once (twin/startstate.py).
+    start = hw.p(START_KERNEL)
+    first = start.read_text().strip() if start.exists() else None
+    start.unlink(missing_ok=True)
+    if first is not None and first in entries:
+        default = first
     if cfg["loader"] == "systemd-boot":
         esp = hw.root / ESP_DIR / profile.boot.esp_uuids[0] if profile.boot.esp_uuids else None
         kernel, own = _systemd_boot(hw.root, entries, default, esp)

@@ -103,6 +103,10 @@ def create(twin: Twin) -> None:
         profile = node.load_profile(twin.profile)
         hardware.install(twin.root, profile)
         pve.install(twin.root, profile)
+        if profile.start is not None:  # made from a capture: the host's software as read
+            from twin import startstate
+
+            startstate.install(twin.root, profile)
         from twin.pve import access, api
 
         # An API token for proxmoxer, privilege-separated like `pveum user token add` makes it,

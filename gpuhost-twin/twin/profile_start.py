@@ -52,10 +52,15 @@ class HostStart(_Model):
     files: dict[str, str] = {}
     links: dict[str, str] = {}
     running_kernel: str | None = None  # the kernel that ran (one of the profile's kernels)
+    # /proc/cmdline as captured: what the loader's entries hand the kernel until its next
+    # refresh (None: what the captured boot files make)
+    cmdline: str | None = None
     driver: DriverStart | None = None  # None: no NVIDIA driver loaded at capture
     guests: list[GuestStart] = []
-    # Debian package -> version as dpkg had it (pve-manager, pve-container, qemu-server)
-    packages: dict[str, str] = {}
+    # Debian package -> version as dpkg had it (pve-manager, pve-container, qemu-server): the
+    # twin registers exactly these ({}: the host had no Proxmox); None: not captured, the
+    # profile's Proxmox release's own (twin/pve/setup.py RELEASE_PACKAGES)
+    packages: dict[str, str] | None = None
     os_release: dict[str, str] = {}  # /etc/os-release ID, VERSION_ID, VERSION_CODENAME
 
     @field_validator("files", "links")

@@ -95,6 +95,11 @@ class Supervisor:
                 log(f"boot unit {unit}: exit status {rc}")
         except Exception:
             log(f"boot units failed:\n{traceback.format_exc()}")
+        # a twin made from a capture: the modules the host had loaded, at its first boot
+        if self.profile is not None and self.profile.start is not None:
+            from twin import startstate
+
+            startstate.first_boot_modules(self.root)
         # what the units wrote to sysfs control files took effect at once on a real kernel
         self.apply_sysfs_writes()
         if self.profile is not None:
@@ -105,6 +110,10 @@ class Supervisor:
             self.api, _ = api.serve_in_thread(self.root, self.twin.address, API_PORT)
         self.start_sshd()
         self.start_guests()
+        if self.profile is not None and self.profile.start is not None:
+            from twin import startstate
+
+            startstate.first_boot_guests(self.twin)  # those that ran, once
 
     def start_guests(self) -> None:
         """pve-guests.service (pve-manager services/pve-guests.service): the ExecStartPre lines

@@ -93,7 +93,9 @@ def typed(kind: str, values: dict[str, str]) -> dict[str, object]:
 
 
 def get_version(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:
-    return Result(dict(gst.PVE_VERSIONS[cfg.pve_release(root)]))
+    from .versions import version_info  # pve-manager's PVE::pvecfg::version_info
+
+    return Result(version_info(root))
 
 
 def get_nodes(root: Path, path: dict[str, str], params: dict[str, str]) -> Result:

@@ -32,6 +32,7 @@ _TOOLS = {
     "update-initramfs": ("boot_commands", "update_initramfs"),
     "mkinitramfs": ("boot_commands", "mkinitramfs"),
     "kernel-hook": ("boot_commands", "kernel_hook"),
+    "pveversion": ("versions", "pveversion"),
 }
 
 

@@ -26,6 +26,7 @@ SHIMS = {
     "update-grub": "usr/sbin",
     "update-initramfs": "usr/sbin",
     "mkinitramfs": "usr/sbin",
+    "pveversion": "usr/bin",
 }
 HOOK = '''#!/usr/bin/python3
 """/etc/kernel/{phase}.d/{name}: the gpuhost twin's kernel hook (source: twin/pve in gpuhost)."""
@@ -81,8 +82,11 @@ def install(root: Path, profile: Any = None, node: str | None = None) -> None:
             "grub_on_esp": bool(_get(boot, "grub_on_esp"))}  # fmt: skip
     (state / "pve.json").write_text(json.dumps(info, indent=1) + "\n")
     _layout_pve(root, node)
-    _register_packages(root, release)
-    _install_code(root)
+    # a profile made from a capture: the Proxmox packages at the captured versions, or none
+    captured = _get(_get(profile, "start"), "packages")
+    packages = RELEASE_PACKAGES[release] if captured is None else dict(captured)
+    _register_packages(root, release, packages)
+    _install_code(root, with_pveversion="pve-manager" in packages)
     _install_kernel_hooks(root, loader)
     _factory_boot(root, boot, loader, firmware)
 
@@ -120,13 +124,16 @@ RELEASE_PACKAGES = {
 }
 
 
-def _register_packages(root: Path, release: int = 8) -> None:
-    """Record the simulated Proxmox packages in dpkg's database, as installed (once)."""
+def _register_packages(
+    root: Path, release: int = 8, packages: dict[str, str] | None = None
+) -> None:
+    """Record the simulated Proxmox packages (default: the release's) in dpkg's database, as
+    installed (once)."""
     status = root / "var/lib/dpkg/status"
     if not status.is_file():
         return
     text = status.read_text()
-    for package, version in RELEASE_PACKAGES[release].items():
+    for package, version in (RELEASE_PACKAGES[release] if packages is None else packages).items():
         if f"\nPackage: {package}\n" in f"\n{text}":
             continue
         text = text.rstrip("\n") + (
@@ -138,11 +145,13 @@ def _register_packages(root: Path, release: int = 8) -> None:
     status.write_text(text if text.endswith("\n") else text + "\n")
 
 
-def _install_code(root: Path) -> None:
+def _install_code(root: Path, with_pveversion: bool = True) -> None:
     from twin import bytecode  # outside the twin only: this package runs inside it too
 
     bytecode.copy_package(Path(__file__).parent, root / LIB / "pve", copy=shutil.copy)
     for tool, where in SHIMS.items():
+        if tool == "pveversion" and not with_pveversion:  # pve-manager ships it
+            continue
         target = root / where / tool
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink():

@@ -1,0 +1,128 @@
+"""The ``start`` section of a profile made from a capture (twin/profile_start.py HostStart):
+the captured host's files, running kernel, driver, guests, packages and os-release."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuhost.observe.hostfacts import HostFacts
+from gpuhost.observe.proxmox import _CONF_HEADER
+from twin.fromcapture_secrets import redact, secret_path
+
+# Proxmox's own files among those gpuhost reads, which a twin keeps as its own: the node link
+# (/etc/pve/local -> nodes/<node>, the twin's node is its hostname) and the cluster CA (the
+# twin's API presents its own certificate; the host's private key is never captured).
+TWIN_OWNED = ("/etc/pve/local", "/etc/pve/pve-root-ca.pem")
+
+
+def files(facts: HostFacts, assumed: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Captured files and links (gpuhost's managed paths and the module configuration), without
+    secrets: secret files are left out, secret entries in the others redacted."""
+    out: dict[str, str] = {}
+    links: dict[str, str] = {}
+    left_out: list[str] = []
+    for read in (facts.managed, facts.module_config):
+        if read is None:
+            continue
+        for path, text in read.files.items():
+            if path in TWIN_OWNED:
+                continue
+            if secret_path(path):
+                left_out.append(path)
+                continue
+            out[path] = redact(text)
+        for path, target in read.links.items():
+            if path in TWIN_OWNED:
+                continue
+            if secret_path(path):
+                left_out.append(path)
+                continue
+            links[path] = target
+    if facts.managed is None:
+        assumed.append(
+            "start.files: gpuhost's managed files were not captured (no ConfigFiles): none"
+        )
+    if facts.module_config is None:
+        assumed.append(
+            "start.files: /etc/modprobe.d, /etc/modules-load.d and /etc/modules were not"
+            " captured (no ModuleConfigFiles): the twin's own (none of the host's)"
+        )
+    if left_out:
+        # the paths only: a path that names a secret says nothing of the secret itself
+        assumed.append(f"start.files: left out as secret: {', '.join(sorted(left_out))}")
+    return dict(sorted(out.items())), dict(sorted(links.items()))
+
+
+def guest_texts(raw_lines: list[str]) -> dict[tuple[str, int], str]:
+    """Each guest config's text exactly as captured, split at PveGuestConfigs' file headers
+    (the same headers gpuhost's parser splits at)."""
+    texts: dict[tuple[str, int], list[str]] = {}
+    key: tuple[str, int] | None = None
+    for line in raw_lines:
+        header = _CONF_HEADER.match(line)
+        if header:
+            key = ("lxc" if header["kind"] == "lxc" else "qemu", int(header["id"]))
+            texts[key] = []
+        elif key is not None:
+            texts[key].append(line)
+    return {k: "".join(line + "\n" for line in v) for k, v in texts.items()}
+
+
+def guests(facts: HostFacts, raw_lines: list[str], assumed: list[str]) -> list[dict[str, Any]]:
+    texts = guest_texts(raw_lines)
+    statuses = facts.guest_statuses
+    out = []
+    for kind, vmid in sorted(facts.guest_configs):
+        running = statuses is not None and statuses.get((kind, vmid)) == "running"
+        out.append(
+            {
+                "kind": kind,
+                "vmid": vmid,
+                "config": redact(texts.get((kind, vmid), "")),
+                "running": running,
+            }
+        )
+    if out and statuses is None:
+        assumed.append(
+            "start.guests[*].running: false (which guests ran was not captured: no GuestStatuses)"
+        )
+    return out
+
+
+def host_start(facts: HostFacts, raw: dict, assumed: list[str]) -> dict[str, Any]:
+    start: dict[str, Any] = {}
+    start["files"], start["links"] = files(facts, assumed)
+    start["running_kernel"] = facts.kernel.release
+    if facts.driver is not None:
+        loaded = None
+        if facts.loaded_modules is not None:
+            loaded = [m for m in facts.loaded_modules if m.startswith("nvidia")]
+        else:
+            assumed.append(
+                "start.driver.loaded: not captured (no LoadedModules): the twin loads what its"
+                " driver install loads"
+            )
+        start["driver"] = {
+            "version": facts.driver.version,
+            "open": facts.driver.open,
+            "loaded": loaded,
+        }
+    start["guests"] = guests(facts, raw.get("PveGuestConfigs", (0, []))[1], assumed)
+    packages = {
+        "pve-manager": facts.release.pve_manager,
+        "qemu-server": facts.release.qemu_server,
+        "pve-container": facts.pve_container.version if facts.pve_container else None,
+    }
+    start["packages"] = {k: v for k, v in packages.items() if v}
+    if "HostRelease" not in raw:
+        assumed.append(
+            "start.packages, start.os_release: not captured (no HostRelease): the twin's own"
+        )
+    release = facts.release
+    os_release = {
+        "ID": release.distribution,
+        "VERSION_ID": release.debian,
+        "VERSION_CODENAME": release.codename,
+    }
+    start["os_release"] = {k: v for k, v in os_release.items() if v}
+    return start
