@@ -106,12 +106,13 @@ class Rehearsal:
         for line in profile.assumed:
             self.out(f"  assumed: {line}")
         try:
-            twin = self.start_twin(index, profile_path, profile)
+            twin = self.start_twin(index, profile_path)
         except (TwinError, RootfsError) as exc:
             raise RehearseError(f"the twin did not start: {exc}") from None
         spec = setup.twin_spec(target.spec, twin)
         rehearsed = setup.write_inventory(where / "inventory.py", target.name, spec, twin)
         self.out(f"twin: {twin.name} at {twin.address}; inventory of the twin alone: {rehearsed}")
+        self.show_start(twin)
         self.show_plan(target.name, rehearsed, raw)
         deploy = self.pyinfra(checkout, rehearsed, where / "deploy-1.log", "deploy")
         audit = self.audit(checkout, rehearsed, where)
@@ -141,24 +142,20 @@ class Rehearsal:
 
     # ------------------------------------------------------------ steps
 
-    def start_twin(self, index: int, profile_path: Path, profile: Any) -> Any:
+    def start_twin(self, index: int, profile_path: Path) -> Any:
         from twin import lifecycle
 
         say(f"starting twin{index} from {profile_path}...")
         (twin,) = lifecycle.start_fleet(1, str(profile_path), first=index)
         self.phase("twin start")
-        self.apply_start(twin, profile)
-        self.phase("start state")
         return twin
 
-    def apply_start(self, twin: Any, profile: Any) -> None:
-        """The host's driver as captured (until r25-start gives the twin its whole start)."""
-        from twin import driver
+    def show_start(self, twin: Any) -> None:
+        """What the twin's first boot set of the captured host (twin/startstate.py did it)."""
+        from twin import startstate
 
-        start = profile.start
-        if start is not None and start.driver is not None:
-            say(f"{twin.name}: the captured driver {start.driver.version}, then a reboot...")
-            driver.install(twin, start.driver.version)
+        self.section("the twin's start state (the host as read)")
+        self.out(*(startstate.report(twin.root) or ["(the profile has no start section)"]))
 
     def show_plan(self, host: str, rehearsed: Path, raw: dict) -> None:
         """The plan the twin shows (the deploy's own), and whether the capture gives the same."""

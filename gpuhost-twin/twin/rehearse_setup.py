@@ -129,10 +129,7 @@ def keep_snapshot(where: Path, raw: Raw) -> Path:
 
 def make_profile(raw: Raw, name: str, source: str, path: Path) -> Any:
     """The twin profile of the capture (the converter's), written to ``path`` and loaded back."""
-    try:
-        from twin.fromcapture import profile_from_snapshot, write_profile
-    except ImportError:  # until r25-convert is merged
-        from twin.rehearse_standin import profile_from_snapshot, write_profile
+    from twin.fromcapture import profile_from_snapshot, write_profile
     from twin.profile import ProfileError, load_profile, parse_profile
 
     try:
