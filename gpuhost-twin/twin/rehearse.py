@@ -112,8 +112,8 @@ class Rehearsal:
         spec = setup.twin_spec(target.spec, twin)
         rehearsed = setup.write_inventory(where / "inventory.py", target.name, spec, twin)
         self.out(f"twin: {twin.name} at {twin.address}; inventory of the twin alone: {rehearsed}")
-        self.show_start(twin)
-        self.show_plan(target.name, rehearsed, raw)
+        self.show_start(twin, profile)
+        self.show_plan(checkout, target.name, rehearsed, raw)
         deploy = self.pyinfra(checkout, rehearsed, where / "deploy-1.log", "deploy")
         audit = self.audit(checkout, rehearsed, where)
         again = self.pyinfra(checkout, rehearsed, where / "deploy-2.log", "second run")
@@ -122,14 +122,22 @@ class Rehearsal:
         from twin.rehearse_report import render_boots
 
         self.out(*render_boots([deploy, again]))
+        converged = again.rc == 0 and again.changes == 0
         self.section("second run")
-        self.out(f"{again.changes} changes" + (" (converged)" if again.changes == 0 else ""))
+        if again.rc != 0:
+            self.out(f"failed (exit {again.rc}): the deploy does not converge on this host")
+        else:
+            self.out(f"{again.changes} changes" + (" (converged)" if converged else ""))
         self.section("figures")
         self.out(*(f"{name}: {seconds:.1f} s" for name, seconds in self.phases))
-        self.out(f"capture to converged twin: {total:.1f} s")
+        if converged:
+            self.out(f"capture to converged twin: {total:.1f} s")
+        else:
+            self.out(f"capture to the second run's end: {total:.1f} s (not converged)")
         self.section("kept")
         self.out(
-            f"{where}: profile.yaml, snapshot/ (the read), inventory.py, deploy logs, audit.json",
+            f"{where}: profile.yaml, snapshot/ (the host's read), twin-snapshot/ (the twin's, "
+            "before the deploy), inventory.py, deploy and audit logs, audit.json, report.txt",
             f"the twin runs on: stop it with  python -m twin stop {twin.name}",
             f"start it again:  python -m twin start --first {twin.index} --profile {profile_path}",
             f"then:            pyinfra {rehearsed} {DEPLOY}",
@@ -137,8 +145,7 @@ class Rehearsal:
             f"--host {target.name} --facts {where / 'snapshot'}",
         )
         (where / "report.txt").write_text("\n".join(self.report) + "\n")
-        ok = deploy.rc == 0 and again.rc == 0 and again.changes == 0 and audit.rc == 0
-        return 0 if ok else 1
+        return 0 if deploy.rc == 0 and converged and audit.rc == 0 else 1
 
     # ------------------------------------------------------------ steps
 
@@ -150,19 +157,47 @@ class Rehearsal:
         self.phase("twin start")
         return twin
 
-    def show_start(self, twin: Any) -> None:
-        """What the twin's first boot set of the captured host (twin/startstate.py did it)."""
+    def show_start(self, twin: Any, profile: Any) -> None:
+        """The host as read, which the twin was given before its first boot (twin/startstate.py),
+        and what that first boot did with it."""
         from twin import startstate
 
         self.section("the twin's start state (the host as read)")
-        self.out(*(startstate.report(twin.root) or ["(the profile has no start section)"]))
+        start = profile.start
+        if start is None:
+            self.out("none: the profile has no start section (a factory install)")
+            return
+        driver = start.driver
+        guests = [f"{g.kind} {g.vmid}{' (running)' if g.running else ''}" for g in start.guests]
+        packages = ", ".join(f"{name} {version}" for name, version in start.packages.items())
+        self.out(
+            f"kernel {start.running_kernel or 'not captured'}; driver "
+            + (
+                f"{driver.version} ({'open' if driver.open else 'proprietary'})"
+                if driver
+                else "none"
+            ),
+            f"guests: {', '.join(guests) or 'none'}; packages: {packages or 'not captured'}",
+            f"{len(start.files)} files and {len(start.links)} links as read",
+            *startstate.report(twin.root),
+        )
 
-    def show_plan(self, host: str, rehearsed: Path, raw: dict) -> None:
-        """The plan the twin shows (the deploy's own), and whether the capture gives the same."""
+    def show_plan(self, checkout: Path, host: str, rehearsed: Path, raw: dict) -> None:
+        """The plan the twin shows (the deploy's own), and whether the capture gives the same.
+
+        The twin is read by `gpuhost capture` in a process of its own, kept beside the host's
+        read (twin-snapshot/): pyinfra keeps the first known_hosts it loads for its process, from
+        before this twin's key was written (sshuserclient's memoized get_host_keys)."""
+        from gpuhost.observe.hostfacts import read_snapshot
         from twin import rehearse_setup as setup
 
         target = setup.choose_host(str(rehearsed), host)
-        twin_raw = setup.read_live(target)
+        where = rehearsed.parent / "twin-snapshot"
+        command = [sys.executable, "-m", "gpuhost.cli", "capture", str(rehearsed), "--out"]
+        done = subprocess.run([*command, str(where)], cwd=checkout, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RehearseError(f"reading the twin failed: {done.stderr.strip()[-400:]}")
+        twin_raw = read_snapshot(where)
         shown = _plan_text(target, twin_raw)
         self.phase("plan")
         self.section("plan (from the twin's facts)")

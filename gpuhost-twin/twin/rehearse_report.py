@@ -71,20 +71,37 @@ def summarise(rc: int, output: str) -> RunSummary:
         run.operations.append(
             Operation(name, _count(cells[-3]), _count(cells[-2]), _count(cells[-1]))
         )
-    for line in head.splitlines():
+    lines = head.splitlines()
+    for at, line in enumerate(lines):
         stripped = line.strip()
         if any(marker in stripped for marker in BOOT_LINES):
             run.boots.append(stripped)
+            if stripped.endswith("Checks:"):  # the gate's failures follow, one block each
+                run.boots.append(f"  failed checks: {_checks(lines[at + 1 :])}")
         elif stripped.startswith(("--> pyinfra error", "--> An unexpected")) or "Error:" in line:
             run.errors.append(stripped)
     return run
 
 
+def _checks(lines: list[str]) -> str:
+    """The check names of a failed trial's list ("check: subject:" then indented lines)."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        if line.startswith((" ", "-")) or not line.strip():
+            if line.lstrip().startswith(("[", "-->")):
+                break
+            continue
+        name = line.split(":", 1)[0]
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{name} ({n})" for name, n in counts.items()) or "none listed"
+
+
 def render_run(run: RunSummary, log: Path) -> list[str]:
-    lines = [
-        f"{len(run.operations)} operations: {run.changes} changed, {run.failures} failed "
-        f"(exit {run.rc}; pyinfra's output: {log})"
-    ]
+    if run.operations:
+        said = f"{len(run.operations)} operations: {run.changes} changed, {run.failures} failed"
+    else:  # pyinfra prints no results table after a run that stopped
+        said = "stopped with an error before pyinfra's results table"
+    lines = [f"{said} (exit {run.rc}; pyinfra's output: {log})"]
     lines += [f"  changed: {op.name}" for op in run.operations if op.changed]
     lines += [f"  FAILED:  {op.name}" for op in run.operations if op.failed]
     lines += [f"  {line}" for line in run.errors[:10]]
