@@ -96,37 +96,33 @@ def load_profile(name: str) -> Any:
 
 
 def write_known_hosts() -> None:
-    """Rewrite known_hosts and ssh_config from every twin's and guest's host key (under a lock).
-
-    The twins are listed under the lock too: a writer that listed them before another twin's key
-    was made, and wrote after that twin's own write, would drop its line (sessions of several
-    checkouts start and stop twins at once)."""
+    """Rewrite known_hosts and ssh_config from every twin's and guest's host key (under a lock)."""
+    hosts: list[tuple[str, Path]] = []  # (address, public host key file)
+    for twin in list_twins():
+        hosts.append((twin.address, twin.host_key.with_suffix(".pub")))
+        for gdir in sorted((twin.dir / "guests").glob("*")):
+            if gdir.name.isdigit():
+                hosts.append(
+                    (twin.guest_address(int(gdir.name)), gdir / "ssh_host_ed25519_key.pub")
+                )
+    lines = []
+    for addr, pub in hosts:
+        try:
+            lines.append(f"{addr} {' '.join(pub.read_text().split()[:2])}\n")
+        except FileNotFoundError:
+            continue  # not made yet, or being removed
+    config = [
+        "# gpuhost twins: ssh -F this-file root@127.0.0.N\n",
+        "Host 127.*\n",
+        "  User root\n",
+        f"  IdentityFile {client_key()}\n",
+        "  IdentitiesOnly yes\n",
+        f"  UserKnownHostsFile {known_hosts()}\n",
+        "  StrictHostKeyChecking yes\n",
+    ]
     STATE_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
     with open(STATE_ROOT / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        hosts: list[tuple[str, Path]] = []  # (address, public host key file)
-        for twin in list_twins():
-            hosts.append((twin.address, twin.host_key.with_suffix(".pub")))
-            for gdir in sorted((twin.dir / "guests").glob("*")):
-                if gdir.name.isdigit():
-                    hosts.append(
-                        (twin.guest_address(int(gdir.name)), gdir / "ssh_host_ed25519_key.pub")
-                    )
-        lines = []
-        for addr, pub in hosts:
-            try:
-                lines.append(f"{addr} {' '.join(pub.read_text().split()[:2])}\n")
-            except FileNotFoundError:
-                continue  # not made yet, or being removed
-        config = [
-            "# gpuhost twins: ssh -F this-file root@127.0.0.N\n",
-            "Host 127.*\n",
-            "  User root\n",
-            f"  IdentityFile {client_key()}\n",
-            "  IdentitiesOnly yes\n",
-            f"  UserKnownHostsFile {known_hosts()}\n",
-            "  StrictHostKeyChecking yes\n",
-        ]
         _write_atomic(known_hosts(), "".join(lines))
         _write_atomic(ssh_config(), "".join(config))
 
