@@ -109,7 +109,7 @@ class Rehearsal:
             twin = self.start_twin(index, profile_path)
         except (TwinError, RootfsError) as exc:
             raise RehearseError(f"the twin did not start: {exc}") from None
-        spec = setup.twin_spec(target.spec, twin)
+        spec = setup.twin_spec(target.spec, twin, setup.twin_containers(twin, target.spec))
         rehearsed = setup.write_inventory(where / "inventory.py", target.name, spec, twin)
         self.out(f"twin: {twin.name} at {twin.address}; inventory of the twin alone: {rehearsed}")
         self.show_start(twin, profile)

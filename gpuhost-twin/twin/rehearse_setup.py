@@ -141,10 +141,26 @@ def make_profile(raw: Raw, name: str, source: str, path: Path) -> Any:
     return load_profile(path)
 
 
-def twin_spec(spec: HostSpec, twin: node.Twin) -> dict[str, Any]:
+def twin_containers(twin: node.Twin, spec: HostSpec) -> set[int]:
+    """The spec's containers the twin has (made from the read); when one of them asks for CUDA,
+    the twin's local mirror of NVIDIA's repository is made for it (twin/demo_guests.py)."""
+    listed = demo_guests.listing(twin)
+    present = {g["vmid"] for g in listed if g["kind"] == "lxc"}
+    wanted = [
+        g.model_dump(mode="json")
+        for g in spec.guests
+        if g.kind == "lxc" and g.guest_id in present and getattr(g, "cuda", None)
+    ]
+    if wanted:
+        demo_guests.ensure(twin, wanted, None)  # creates none of them: each exists
+    return present
+
+
+def twin_spec(spec: HostSpec, twin: node.Twin, present: set[int]) -> dict[str, Any]:
     """The inventory's spec with the twin's own connections: its API token (and address), its
     containers' SSH addresses, its local CUDA mirror (twin/demo_guests.py); so nothing in it
-    points at the real host or its guests (inventory/twin.py's ``_spec`` does the same)."""
+    points at the real host, its guests or their package sources (inventory/twin.py's
+    ``_spec`` does the same for the demo twins). ``present``: the containers the twin has."""
     data = spec.model_dump(mode="json")
     data["proxmox"] = {"token_file": str(twin.dir / "api-token")}  # a 0600 file, made at start
     for guest in data.get("guests", []):
@@ -156,9 +172,11 @@ def twin_spec(spec: HostSpec, twin: node.Twin) -> dict[str, Any]:
         if access.get("ssh_hostname"):
             made = (twin.dir / "guests" / str(guest["ctid"])).is_dir()
             guest["access"] = {"ssh_hostname": twin.guest_address(guest["ctid"])} if made else {}
-        if guest.get("cuda") and demo_guests.mirror_key(twin).exists():
-            key = demo_guests.mirror_key(twin)
-            guest["cuda_repo"] = {"url": demo_guests.mirror_url(twin), "keyring": str(key)}
+        mirror = demo_guests.mirror_key(twin)
+        if guest.get("cuda") and guest["ctid"] in present and mirror.exists():
+            guest["cuda_repo"] = {"url": demo_guests.mirror_url(twin), "keyring": str(mirror)}
+        elif guest.get("cuda_repo"):
+            guest["cuda_repo"] = None  # no container on the twin to fetch it: nothing of yours
     return data
 
 

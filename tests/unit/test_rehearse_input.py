@@ -88,9 +88,11 @@ def test_twin_inventory_names_the_twin_alone(tmp_path: Path) -> None:
     data["proxmox"] = {"address": "192.0.2.1", "token_env": "REAL_TOKEN"}
     data["guests"][1]["access"] = {"ssh_hostname": "192.0.2.2"}
     twin = node.Twin("twin245", 245, None, "/")
-    made = rehearse_setup.twin_spec(HostSpec.model_validate(data), twin)
+    data["guests"][1]["cuda_repo"] = {"url": "https://192.0.2.3/repo/", "keyring": "/k.asc"}
+    made = rehearse_setup.twin_spec(HostSpec.model_validate(data), twin, set())
     assert made["proxmox"] == {"token_file": str(twin.dir / "api-token")}
     assert made["guests"][1]["access"] == {}  # not on the twin: reached by pct exec there
+    assert made["guests"][1]["cuda_repo"] is None
     assert made["kernel"] == data["kernel"] and made["driver"] == data["driver"]
     path = rehearse_setup.write_inventory(tmp_path / "inventory.py", "kpro6", made, twin)
     assert "192.0.2" not in path.read_text()
