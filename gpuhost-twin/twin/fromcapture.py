@@ -273,6 +273,8 @@ def _kernels(facts: HostFacts, raw: dict, assumed: list[str]) -> list[dict[str, 
         kernel["zfs"] = features.zfs if features else proxmox
         acs = features.acs_override if features else None
         kernel["acs_override"] = proxmox if acs is None else acs
+        if "KernelFeatureFiles" in raw and features is None:
+            kernel["in_tree_modules"] = False  # it read every /lib/modules/*/: none for this one
         out.append(kernel)
     if guessed:
         assumed.append(
@@ -283,6 +285,10 @@ def _kernels(facts: HostFacts, raw: dict, assumed: list[str]) -> list[dict[str, 
         assumed.append(
             "kernels[*].zfs, acs_override: true for Proxmox kernels (-pve), false for others,"
             " where KernelFeatureFiles does not say"
+        )
+    if "KernelFeatureFiles" not in raw:
+        assumed.append(
+            "kernels[*].in_tree_modules: true (/lib/modules not read: no KernelFeatureFiles)"
         )
     return out
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuhost.observe.files import MODULE_CONFIG_PATHS
 from gpuhost.observe.hostfacts import HostFacts
 from gpuhost.observe.proxmox import _CONF_HEADER
+from gpuhost.observe.snapshot import MISSING_TOOL
+from gpuhost.paths import MANAGED_PATHS
 from twin.fromcapture_secrets import redact, secret_path
 
 # Proxmox's own files among those gpuhost reads, which a twin keeps as its own: the node link
@@ -92,15 +95,28 @@ def guests(facts: HostFacts, raw_lines: list[str], assumed: list[str]) -> list[d
 def host_start(facts: HostFacts, raw: dict, assumed: list[str]) -> dict[str, Any]:
     start: dict[str, Any] = {}
     start["files"], start["links"] = files(facts, assumed)
+    # the globs a captured fact read in full: there the twin keeps only what the capture holds
+    exact: list[str] = []
+    if facts.managed is not None:
+        exact += MANAGED_PATHS
+    if facts.module_config is not None:
+        exact += MODULE_CONFIG_PATHS
+    start["exact"] = exact
     start["running_kernel"] = facts.kernel.release
+    start["cmdline"] = " ".join(facts.cmdline)  # what booted, as /proc/cmdline showed it
     if facts.driver is not None:
         loaded = None
         if facts.loaded_modules is not None:
             loaded = [m for m in facts.loaded_modules if m.startswith("nvidia")]
         else:
+            # ModuleParameters lists only loaded modules (/sys/module/<m>/parameters), and the
+            # driver's version file exists only while nvidia is loaded
+            loaded = [m for m in facts.module_parameters if m.startswith("nvidia_")]
+            loaded.append("nvidia")
             assumed.append(
-                "start.driver.loaded: not captured (no LoadedModules): the twin loads what its"
-                " driver install loads"
+                f"start.driver.loaded: {', '.join(loaded)}: the NVIDIA modules with live"
+                " parameters (ModuleParameters) and nvidia itself (NvidiaDriver); no"
+                " LoadedModules in the capture"
             )
         start["driver"] = {
             "version": facts.driver.version,
@@ -113,10 +129,20 @@ def host_start(facts: HostFacts, raw: dict, assumed: list[str]) -> dict[str, Any
         "qemu-server": facts.release.qemu_server,
         "pve-container": facts.pve_container.version if facts.pve_container else None,
     }
+    # {}: the host had none of them; None: not captured (the profile's Proxmox release's own)
     start["packages"] = {k: v for k, v in packages.items() if v}
-    if "HostRelease" not in raw:
+    if "HostRelease" not in raw and raw.get("BootTool", (0, []))[0] == MISSING_TOOL:
+        # proxmox-boot-tool comes with proxmox-kernel-helper, part of every Proxmox VE install
+        # (`pveversion -v` lists it): a host without it has no Proxmox VE
         assumed.append(
-            "start.packages, start.os_release: not captured (no HostRelease): the twin's own"
+            "start.packages: none (no HostRelease; proxmox-boot-tool was absent, BootTool exit"
+            " status 127, so the host had no Proxmox VE); start.os_release: the twin's own"
+        )
+    elif "HostRelease" not in raw:
+        start["packages"] = None
+        assumed.append(
+            "start.packages, start.os_release: not captured (no HostRelease): those of the"
+            " twin's Proxmox VE release"
         )
     release = facts.release
     os_release = {

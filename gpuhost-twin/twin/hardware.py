@@ -83,6 +83,8 @@ def install(root: Path, profile: Profile) -> None:
     for package in ("hwsim", "hwshim"):
         bytecode.copy_package(here / package, shim_dir / package)
     for tool in TOOLS:
+        if tool == "pvesm" and profile.start is not None and profile.start.packages == {}:
+            continue  # libpve-storage-perl's CLI: a host captured without Proxmox VE has none
         _install_tool(root, tool)
     for kernel in profile.kernels:
         add_kernel(root, kernel)
@@ -186,6 +188,7 @@ def add_kernel(root: Path, kernel: Kernel, headers: bool = True) -> None:
     deps = "".join(
         f"{m['path']}:{''.join(' ' + hwsim.IN_TREE[d]['path'] for d in m['deps'])}\n"
         for m in hwsim.IN_TREE.values()
+        if kernel.in_tree_modules
     )
     if kernel.zfs:  # pve-kernel's debian/rules installs them into zfs/, depmod indexes them
         deps += "zfs/zfs.ko: zfs/spl.ko\nzfs/spl.ko:\n"  # (like IN_TREE's, no files)

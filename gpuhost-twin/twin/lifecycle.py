@@ -193,13 +193,24 @@ def start(twin: Twin) -> None:
 
 def start_fleet(count: int, profile: str | None, first: int = 1) -> list[Twin]:
     """Start twin<first>..twin<first+count-1> concurrently (skipping ones already running)."""
+    return start_profiles([profile] * count, first)
+
+
+def start_profiles(profiles: list[str | None], first: int = 1) -> list[Twin]:
+    """Start twin<first>.. concurrently, one per profile (skipping ones already running)."""
     check_machine()
     # fail early, once, on a bad profile; its Proxmox release picks the Debian base
-    suite = node.load_profile(profile).debian_suite if profile is not None else rootfs.SUITE
-    base = rootfs.ensure_base(suite=suite)
+    suites = {
+        p: node.load_profile(p).debian_suite if p is not None else rootfs.SUITE
+        for p in set(profiles)
+    }
+    bases = {suite: rootfs.ensure_base(suite=suite) for suite in set(suites.values())}
     ensure_fleet()
-    _prune_bases(keep={base, *rootfs.current_bases(), *(Path(t.base) for t in node.list_twins())})
-    twins = [Twin(node.twin_name(i), i, profile, str(base)) for i in range(first, first + count)]
+    keep = {*bases.values(), *rootfs.current_bases(), *(Path(t.base) for t in node.list_twins())}
+    _prune_bases(keep=keep)
+    twins = [
+        Twin(node.twin_name(i), i, p, str(bases[suites[p]])) for i, p in enumerate(profiles, first)
+    ]
     running = set()
     for t in node.list_twins():
         if t.name in {w.name for w in twins}:

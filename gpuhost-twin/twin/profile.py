@@ -210,6 +210,9 @@ class Kernel(_Model):
     # /lib/modules/<ver>/zfs/, and the pcie_acs_override patch (a symbol in System.map).
     zfs: bool = True
     acs_override: bool = True
+    # False: no /lib/modules/<version> (drivers built in or loaded from outside, as on the H200
+    # captures' microVM): modprobe(8) finds none of the kernel's in-tree modules (nouveau, vfio...)
+    in_tree_modules: bool = True
 
     @field_validator("gcc")
     @classmethod

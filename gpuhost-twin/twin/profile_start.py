@@ -51,6 +51,9 @@ class HostStart(_Model):
     # (path -> target). Never anything secret: twin/fromcapture.py leaves those out.
     files: dict[str, str] = {}
     links: dict[str, str] = {}
+    # Glob patterns the capture read in full (a fact's paths, e.g. /etc/modprobe.d/*.conf): what
+    # the twin has there beyond files and links is removed (the boot loader's own files stay).
+    exact: list[str] = []
     running_kernel: str | None = None  # the kernel that ran (one of the profile's kernels)
     # /proc/cmdline as captured: what the loader's entries hand the kernel until its next
     # refresh (None: what the captured boot files make)
@@ -63,10 +66,10 @@ class HostStart(_Model):
     packages: dict[str, str] | None = None
     os_release: dict[str, str] = {}  # /etc/os-release ID, VERSION_ID, VERSION_CODENAME
 
-    @field_validator("files", "links")
+    @field_validator("files", "links", "exact")
     @classmethod
-    def _paths(cls, value: dict[str, str]) -> dict[str, str]:
+    def _paths(cls, value: dict[str, str] | list[str]) -> dict[str, str] | list[str]:
         for path in value:
-            if not _PATH.match(path):
+            if not _PATH.match(path.replace("*", "x").replace("?", "x")):
                 raise ValueError(f"{path!r} is not an absolute path without '..'")
         return value

@@ -184,13 +184,18 @@ class Fleet:
         return first
 
     def start(self, count: int = 1, profile: str | None = None) -> list[TwinHandle]:
+        return self.start_profiles([profile] * count)
+
+    def start_profiles(self, profiles: list[str | None]) -> list[TwinHandle]:
+        """One twin per profile, started together."""
         require_twins()
+        count = len(profiles)
         first = self._first_free(count)
         names = [node.twin_name(i) for i in range(first, first + count)]
         for name in names:
             lifecycle.stop(name)  # a leftover of a killed earlier run
         self.started += names
-        twins = lifecycle.start_fleet(count, profile, first)
+        twins = lifecycle.start_profiles(profiles, first)
         for t in twins:
             error = t.dir / "boot-error"
             if error.exists():  # a bug in the simulation must not pass as a booted host

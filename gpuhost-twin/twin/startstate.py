@@ -8,7 +8,9 @@ host's software, so that a rehearsed deploy starts where it would start on the h
   /etc/kernel/cmdline, /etc/default/grub and its drop-ins, modprobe.d, modules-load.d and
   gpuhost's own files win; a text starting with ``#!`` is made executable (hookscripts, the
   initramfs hook: the capture keeps no modes). pmxcfs's own links (/etc/pve/local, lxc,
-  qemu-server) stay the twin's, and /etc/pve/nodes/<captured host>/ is the twin's node;
+  qemu-server) stay the twin's, and /etc/pve/nodes/<captured host>/ is the twin's node; where
+  the capture read a whole set of paths (start.exact: a fact's globs), the twin keeps only
+  what it read there, besides its loader's own files;
 - the initramfs and the loader's entries are made again from those files (the twin assumes the
   host had run update-initramfs and its loader refresh since its last edit), except that the
   entries carry the captured /proc/cmdline when the profile has it: what booted;
@@ -44,12 +46,14 @@ from twin.profile import Profile
 from twin.profile_start import HostStart
 
 START_STATE = "var/lib/gpuhost-twin/start.json"
-# pmxcfs makes these links itself, to the node it runs on (pve-cluster's cfs_create_node_links
-# in src/pmxcfs/cfs-plug-link.c: local, lxc, qemu-server, openvz): never a capture's.
+# pmxcfs makes these links itself, to the node it runs on (pve-cluster src/pmxcfs/pmxcfs.c
+# create_symlinks: local, qemu-server, openvz, lxc -> nodes/<nodename>...): never a capture's.
 PMXCFS_LINKS = ("/etc/pve/local", "/etc/pve/lxc", "/etc/pve/qemu-server", "/etc/pve/openvz")
 TWIN_OWN = ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf")  # the twin's name and address
-OPEN_LICENSE = "Dual MIT/GPL"  # kernel-open/nvidia: MODULE_LICENSE("Dual MIT/GPL")
-CLOSED_LICENSE = "NVIDIA"  # the proprietary kernel/nvidia: MODULE_LICENSE("NVIDIA")
+# MODULE_LICENSE of nvidia.ko (nv-frontend.c): open-gpu-kernel-modules' kernel-open/ "Dual
+# MIT/GPL", the proprietary kernel/ "NVIDIA" (what /proc/driver/nvidia/version's flavour follows)
+OPEN_LICENSE = "Dual MIT/GPL"
+CLOSED_LICENSE = "NVIDIA"
 
 
 def install(root: Path, profile: Profile, cache: ModuleCache | None = None) -> None:
@@ -71,6 +75,7 @@ def install(root: Path, profile: Profile, cache: ModuleCache | None = None) -> N
         where = _where(path, profile.hostname, node)
         if where is not None and where not in PMXCFS_LINKS:
             _link(root, where, target)
+    _remove_unlisted(root, profile, node)
     _os_release(root, start.os_release)
     for guest in start.guests:
         sub = "lxc" if guest.kind == "lxc" else "qemu-server"
@@ -111,6 +116,29 @@ def _where(path: str, hostname: str, node: str) -> str | None:
         return None
     prefix = f"/etc/pve/nodes/{hostname}/"
     return f"/etc/pve/nodes/{node}/{path[len(prefix) :]}" if path.startswith(prefix) else path
+
+
+def _remove_unlisted(root: Path, profile: Profile, node: str) -> None:
+    """Where the capture read everything (start.exact), the twin has only what it read; the
+    profile's boot loader keeps the files it is configured by, pmxcfs its links, and the twin's
+    API its CA certificate (pve-cluster's pve-root-ca.pem: the twin's own, never a capture's)."""
+    start = profile.start
+    assert start is not None
+    keep = {_where(p, profile.hostname, node) for p in [*start.files, *start.links]}
+    keep |= {*PMXCFS_LINKS, "/etc/pve/pve-root-ca.pem"}
+    if profile.boot.loader == "grub":
+        keep.add("/etc/default/grub")
+    else:
+        keep.add("/etc/kernel/cmdline")
+    if profile.boot.loader == "systemd-boot" or profile.boot.grub_on_esp:
+        keep.add("/etc/kernel/proxmox-boot-uuids")
+    for pattern in start.exact:
+        where = _where(pattern, profile.hostname, node) or pattern
+        for path in sorted(root.glob(where.lstrip("/"))):
+            if "/" + str(path.relative_to(root)) in keep:
+                continue
+            if path.is_symlink() or path.is_file():
+                path.unlink()
 
 
 def _write(root: Path, path: str, text: str) -> None:

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuhost.observe.hostfacts import parse_raw
+from gpuhost.observe.live import gather
 from twin import startstate
+from twin.fromcapture_start import guest_texts
 from twin.pve import routes
 from twin.pytest_plugin import TwinHandle
 
@@ -64,9 +67,8 @@ def hosts(twin_fleet, tmp_path_factory) -> dict[str, TwinHandle]:
     )
     bare = captured(tmp, "captured-bare", packages={}, os_release={"ID": "ubuntu"})
     t0 = time.monotonic()
-    handles = {"pve": twin_fleet.start(1, pve)[0]}
-    print(f"start-state twin up in {time.monotonic() - t0:.1f} s")
-    handles["bare"] = twin_fleet.start(1, bare)[0]
+    handles = dict(zip(("pve", "bare"), twin_fleet.start_profiles([pve, bare]), strict=True))
+    print(f"start-state twins up in {time.monotonic() - t0:.1f} s")
     yield handles
     for handle in handles.values():
         twin_fleet.stop(handle)
@@ -128,6 +130,24 @@ def test_guests_as_captured(hosts: dict[str, TwinHandle]) -> None:
     assert " running " in listing.splitlines()[1] and " stopped " in listing.splitlines()[2]
     assert " running " in out(twin, "qm list").splitlines()[1]
     assert out(twin, "pct exec 101 -- cat /etc/hostname")
+
+
+def test_gpuhost_reads_the_guests_back(hosts: dict[str, TwinHandle]) -> None:
+    """What gpuhost's own read (PveGuestConfigs, GuestStatuses) gets: the configs as they were
+    given, and which ran."""
+    twin = hosts["pve"]
+    data = {"ssh_hostname": twin.address, "ssh_user": "root", "ssh_key": str(twin.key),
+            "ssh_known_hosts_file": str(twin.known_hosts), "ssh_strict_host_key_checking": "yes"}  # fmt: skip
+    raw = gather([(twin.name, data)])[twin.name]
+    facts = parse_raw(raw)
+    assert sorted(facts.guest_configs) == [("lxc", 101), ("lxc", 102), ("qemu", 201)]
+    assert facts.guest_statuses == {
+        ("lxc", 101): "running",
+        ("lxc", 102): "stopped",
+        ("qemu", 201): "running",
+    }
+    texts = guest_texts(raw["PveGuestConfigs"][1])
+    assert texts == {("lxc", 101): CT101, ("lxc", 102): CT102, ("qemu", 201): VM201}
 
 
 def test_without_proxmox_packages(hosts: dict[str, TwinHandle]) -> None:

@@ -63,6 +63,7 @@ def test_profile_validates_and_carries_the_hardware(name):
     running = profile.kernel(facts.kernel.release)
     assert running is not None and running.gcc == facts.kernel.compiler
     assert profile.start.running_kernel == facts.kernel.release
+    assert profile.start.cmdline.split() == facts.cmdline
     assert (profile.start.driver.version, profile.start.driver.open) == (
         facts.driver.version,
         facts.driver.open,
@@ -87,6 +88,7 @@ def test_kpro6_boot_kernels_and_guests():
     assert profile.start.files["/etc/kernel/cmdline"] == facts.files["/etc/kernel/cmdline"]
     assert sorted(k.version for k in profile.kernels) == facts.boot_kernels.all
     assert profile.quirks.sev_snp == facts.sev.snp_host
+    assert profile.start.packages is None  # proxmox-boot-tool there, no HostRelease: not known
     assert [(g.kind, g.vmid) for g in profile.start.guests] == sorted(facts.guest_configs)
     assert profile.start.driver.loaded == [m for m in facts.loaded_modules if "nvidia" in m]
     # Blackwell's FSP quirk follows the architecture (the hand-made kpro6.yaml has it too)
@@ -111,6 +113,9 @@ def test_h200x1_says_what_it_assumed():
     assert any(line.startswith("boot.default_grub:") for line in profile.assumed)
     assert any(line.startswith("boot.loader:") for line in profile.assumed)
     assert profile.kernels[0].gcc == "gcc (GCC) 15.3.0" and not profile.kernels[0].zfs
+    # KernelFeatureFiles read every /lib/modules/*/ and found none: the microVM's kernel has no
+    # module tree (h200x1-boot-raw/ls_modules.out), so no in-tree module can load on its twin
+    assert facts.kernel_features.kernels == {} and not profile.kernels[0].in_tree_modules
     assert profile.start.os_release == {
         "ID": "ubuntu",
         "VERSION_ID": "24.04",
@@ -119,6 +124,9 @@ def test_h200x1_says_what_it_assumed():
     assert profile.start.packages == {} and profile.start.guests == []
     assert profile.start.driver.loaded == ["nvidia_uvm", "nvidia"]
     assert facts.module_config is not None and profile.start.files == {}
+    # both file facts were captured: the twin keeps nothing there the capture did not hold
+    assert "/etc/modprobe.d/*.conf" in profile.start.exact
+    assert "/etc/modprobe.d/gpuhost-*.conf" in profile.start.exact
     assert profile.zfs_pools == []
 
 
@@ -139,6 +147,11 @@ def test_h200x2_is_close_to_the_hand_made_profile():
         g.model_dump(include=keep | {"numa_affinity", "irq"}) for g in hand.gpus
     ]
     assert profile.topology == hand.topology
+    # no HostRelease in this older capture, but no proxmox-boot-tool either: no Proxmox VE
+    assert profile.start.packages == {}
+    assert profile.start.exact == []  # nor any file fact
+    # no LoadedModules either: the modules with live parameters, and nvidia whose version it read
+    assert profile.start.driver.loaded == ["nvidia_uvm", "nvidia"]
     assert profile.nvidia.model_dump(exclude={"fixed_majors"}) == hand.nvidia.model_dump(
         exclude={"fixed_majors"}
     )

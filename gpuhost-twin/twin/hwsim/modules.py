@@ -68,11 +68,23 @@ class KernelModules(ModprobeConfig):
 
         return min(hits, key=rank) if hits else None
 
+    def in_tree(self, name: str, kver: str | None = None) -> bool:
+        """An in-tree module of the kernel: it is in IN_TREE and the kernel has its module tree
+        (modprobe(8) looks for modules in /lib/modules/<release> only; a kernel the profile says
+        has none, twin-kernel.json's in_tree_modules, has no in-tree .ko to load)."""
+        kver = kver or self.kernel
+        if norm(name) not in IN_TREE or not self.p(f"lib/modules/{kver}").is_dir():
+            return False
+        cache = self.__dict__.setdefault("_in_tree_modules", {})
+        if kver not in cache:
+            record = self.p(f"lib/modules/{kver}/twin-kernel.json")
+            data = json.loads(record.read_text()) if record.exists() else {}
+            cache[kver] = data.get("in_tree_modules", True)
+        return cache[kver]
+
     def module_exists(self, name: str, kver: str | None = None) -> bool:
         kver = kver or self.kernel
-        return (norm(name) in IN_TREE and self.p(f"lib/modules/{kver}").is_dir()) or bool(
-            self.find_ko(name, kver)
-        )
+        return self.in_tree(name, kver) or bool(self.find_ko(name, kver))
 
     def load(
         self,
@@ -110,7 +122,7 @@ class KernelModules(ModprobeConfig):
                 False,
                 f"modprobe: FATAL: Module {name} not found in directory /lib/modules/{kver}",
             )
-        if name in IN_TREE and not self.p(f"lib/modules/{kver}").is_dir():
+        if name in IN_TREE and not self.in_tree(name, kver):
             return (
                 False,
                 f"modprobe: FATAL: Module {name} not found in directory /lib/modules/{kver}",

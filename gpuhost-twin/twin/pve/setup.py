@@ -86,7 +86,7 @@ def install(root: Path, profile: Any = None, node: str | None = None) -> None:
     captured = _get(_get(profile, "start"), "packages")
     packages = RELEASE_PACKAGES[release] if captured is None else dict(captured)
     _register_packages(root, release, packages)
-    _install_code(root, with_pveversion="pve-manager" in packages)
+    _install_code(root, proxmox=bool(packages))
     _install_kernel_hooks(root, loader)
     _factory_boot(root, boot, loader, firmware)
 
@@ -145,12 +145,18 @@ def _register_packages(
     status.write_text(text if text.endswith("\n") else text + "\n")
 
 
-def _install_code(root: Path, with_pveversion: bool = True) -> None:
+# The tools of Proxmox's own packages (pve-container, qemu-server, pve-manager,
+# proxmox-kernel-helper): a twin made from a capture without Proxmox has none of them; the
+# twin's own code calls the simulation in-process, not through these.
+PROXMOX_TOOLS = ("pct", "qm", "pvesh", "proxmox-boot-tool", "pveversion")
+
+
+def _install_code(root: Path, proxmox: bool = True) -> None:
     from twin import bytecode  # outside the twin only: this package runs inside it too
 
     bytecode.copy_package(Path(__file__).parent, root / LIB / "pve", copy=shutil.copy)
     for tool, where in SHIMS.items():
-        if tool == "pveversion" and not with_pveversion:  # pve-manager ships it
+        if tool in PROXMOX_TOOLS and not proxmox:
             continue
         target = root / where / tool
         target.parent.mkdir(parents=True, exist_ok=True)
