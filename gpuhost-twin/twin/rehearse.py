@@ -125,7 +125,7 @@ class Rehearsal:
         converged = again.rc == 0 and again.changes == 0
         self.section("second run")
         if again.rc != 0:
-            self.out(f"failed (exit {again.rc}): the deploy does not converge on this host")
+            self.out(f"failed (exit {again.rc}; its errors are above): not converged")
         else:
             self.out(f"{again.changes} changes" + (" (converged)" if converged else ""))
         self.section("figures")
@@ -169,7 +169,10 @@ class Rehearsal:
             return
         driver = start.driver
         guests = [f"{g.kind} {g.vmid}{' (running)' if g.running else ''}" for g in start.guests]
-        packages = ", ".join(f"{name} {version}" for name, version in start.packages.items())
+        if start.packages is None:
+            packages = "not captured (the twin's own)"
+        else:  # {}: the host had no Proxmox VE
+            packages = ", ".join(f"{name} {v}" for name, v in start.packages.items()) or "none"
         self.out(
             f"kernel {start.running_kernel or 'not captured'}; driver "
             + (
@@ -177,7 +180,7 @@ class Rehearsal:
                 if driver
                 else "none"
             ),
-            f"guests: {', '.join(guests) or 'none'}; packages: {packages or 'not captured'}",
+            f"guests: {', '.join(guests) or 'none'}; Proxmox packages: {packages}",
             f"{len(start.files)} files and {len(start.links)} links as read",
             *startstate.report(twin.root),
         )
