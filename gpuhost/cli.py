@@ -8,6 +8,8 @@ gpuhost build inventory/kpro6.py [--jobs N]          # build a source kernel int
                                                      #   (here, or on artifacts.build_host)
 gpuhost metrics inventory/kpro6.py [--out FILE]      # audit as Prometheus metrics
 gpuhost metrics --local --spec FILE --host-name NAME # the same, on the host itself
+gpuhost rehearse inventory/kpro6.py [--facts DIR]    # the deploy on a twin made from one read
+                                                     #   of the host (root; gpuhost-twin)
 """
 
 from __future__ import annotations
@@ -111,21 +113,26 @@ NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 # subparsers action; gpuhost-twin adds `twin` this way (gpuhost never imports the simulator).
 COMMANDS_GROUP = "gpuhost.commands"
 TWIN_MISSING = (
-    "`gpuhost twin` needs the simulator, gpuhost-twin: from a gpuhost checkout run "
-    "pip install -e ./gpuhost-twin -e '.[dev]'"
+    "`gpuhost twin` and `gpuhost rehearse` need the simulator, gpuhost-twin: from a gpuhost "
+    "checkout run pip install -e ./gpuhost-twin -e '.[dev]'"
 )
+# gpuhost-twin's commands, and what each says when it is not installed
+TWIN_COMMANDS = {
+    "twin": "provision a local simulated host (needs gpuhost-twin)",
+    "rehearse": "rehearse the deploy on a twin made from a read of the host (needs gpuhost-twin)",
+}
 
 
 def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
-    """The `gpuhost.commands` entry points; without gpuhost-twin, `gpuhost twin` says how to
-    install it."""
+    """The `gpuhost.commands` entry points; without gpuhost-twin, `gpuhost twin` and `gpuhost
+    rehearse` say how to install it."""
     names = set()
     for entry in entry_points(group=COMMANDS_GROUP):
         entry.load()(sub)
         names.add(entry.name)
-    if "twin" not in names:
-        twin = sub.add_parser("twin", help="provision a local simulated host (needs gpuhost-twin)")
-        twin.set_defaults(run=_twin_missing)
+    for name, help in TWIN_COMMANDS.items():
+        if name not in names:
+            sub.add_parser(name, help=help).set_defaults(run=_twin_missing)
 
 
 def _twin_missing(_: argparse.Namespace) -> int:

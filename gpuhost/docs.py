@@ -211,8 +211,8 @@ def cli_reference() -> str:
         (parser.description or "").strip(),
         "```",
         "",
-        "Commands added by installed plugins (the `gpuhost.commands` entry points; `twin` comes "
-        "with gpuhost-twin) are listed too. The deploys are run with `pyinfra` itself: "
+        "Commands added by installed plugins (the `gpuhost.commands` entry points; `twin` and "
+        "`rehearse` come with gpuhost-twin) are listed too. The deploys are run with `pyinfra` itself: "
         "[getting started](../getting-started.md).",
     ]
     for name, command in sub.choices.items():

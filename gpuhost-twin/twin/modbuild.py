@@ -96,6 +96,8 @@ def stamp_headers(src_root: Path, kver: str, dest_root: Path) -> Path:
     if src is None:
         raise ModuleBuildError(f"no Debian linux-headers-*-amd64 under {src_root}/usr/src")
     dest = dest_root / f"usr/src/linux-headers-{kver}"
+    if dest == src:  # that kernel's own headers (a twin made from a capture of a twin)
+        return dest
     if dest.exists():
         shutil.rmtree(dest)
     # A symlink farm, not a copy: only the files that carry the release are real, so stamping
