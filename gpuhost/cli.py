@@ -127,7 +127,7 @@ def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
     """The `gpuhost.commands` entry points; without gpuhost-twin, `gpuhost twin` and `gpuhost
     rehearse` say how to install it."""
     names = set()
-    for entry in entry_points(group=COMMANDS_GROUP):
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):  # a stable order
         entry.load()(sub)
         names.add(entry.name)
     for name, help in TWIN_COMMANDS.items():

@@ -55,7 +55,10 @@ def test_the_twin_is_its_own_distribution_with_its_plugins() -> None:
     assert project["project"]["name"] == "gpuhost-twin"
     entry_points = project["project"]["entry-points"]
     assert entry_points["pytest11"] == {"twin": "twin.pytest_plugin"}
-    assert entry_points[cli.COMMANDS_GROUP] == {"twin": "twin.demo:add_command"}
+    assert entry_points[cli.COMMANDS_GROUP] == {
+        "twin": "twin.demo:add_command",
+        "rehearse": "twin.rehearse:add_command",
+    }
 
 
 def test_gpuhost_twin_without_the_simulator_says_how_to_install_it(
