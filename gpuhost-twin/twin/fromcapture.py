@@ -24,6 +24,7 @@ import yaml
 from gpuhost.observe.hostfacts import ADDED_LATER, FACTS, HostFacts, parse_raw
 from gpuhost.observe.kernel import _PROC_VERSION
 from gpuhost.observe.parse import UnparsedOutput
+from gpuhost.redact import show
 from twin import fromcapture_gpus, fromcapture_start
 from twin.profile import ProfileError, parse_profile
 from twin.pve.setup import PVE_DEFAULT_GRUB
@@ -54,8 +55,10 @@ def profile_from_snapshot(raw: dict[str, tuple[int, list[str]]], *, name: str, s
     try:
         facts = parse_raw(raw)
     except UnparsedOutput as exc:
+        # the line as gpuhost's messages show values: bounded (it may be a file's base64 text)
+        said = str(exc).replace(repr(exc.line), show(exc.line))
         raise CaptureError(
-            f"{source}: {exc}; capture the host again with `gpuhost capture`"
+            f"{source}: {said}; capture the host again with `gpuhost capture`"
         ) from None
     except ValueError as exc:  # a fact's command failed: parse_raw names it
         raise CaptureError(f"{source}: {exc}; fix the host's tool or capture again") from None

@@ -98,7 +98,12 @@ def host_start(facts: HostFacts, raw: dict, assumed: list[str]) -> dict[str, Any
     # the globs a captured fact read in full: there the twin keeps only what the capture holds
     exact: list[str] = []
     if facts.managed is not None:
-        exact += MANAGED_PATHS
+        # /etc/pve's only where the snapshot shows it is new enough: ConfigFiles read them from
+        # 2026-12-02 on (storage.cfg from 12-04), and a snapshot does not keep the command that
+        # took it; one with ModuleConfigFiles (added after) read them all. Elsewhere the twin
+        # keeps its Proxmox install's own there, unless the capture holds one.
+        new = "ModuleConfigFiles" in raw
+        exact += [g for g in MANAGED_PATHS if new or not g.startswith("/etc/pve/")]
     if facts.module_config is not None:
         exact += MODULE_CONFIG_PATHS
     start["exact"] = exact

@@ -73,7 +73,7 @@ Projection = Callable[[HostFacts, HostFacts], Any]  # (facts, the capture's) -> 
 _LOADER_WORDS = ("BOOT_IMAGE=", "initrd=")
 # The boot loader's own files: the twin's loader is configured by them (twin/startstate.py
 # keeps them where the capture had none), and the twin's API keeps its own CA certificate.
-_TWINS_OWN = ("/etc/default/grub", "/etc/kernel/cmdline", "/etc/pve/pve-root-ca.pem")
+_TWINS_OWN = ("/etc/default/grub", "/etc/kernel/cmdline", "/etc/pve/pve-root-ca.pem", "/etc/pve/storage.cfg")  # fmt: skip
 
 
 def _cmdline(facts: HostFacts, real: HostFacts) -> list[str]:

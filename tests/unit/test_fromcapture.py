@@ -89,6 +89,9 @@ def test_kpro6_boot_kernels_and_guests():
     assert sorted(k.version for k in profile.kernels) == facts.boot_kernels.all
     assert profile.quirks.sev_snp == facts.sev.snp_host
     assert profile.start.packages is None  # proxmox-boot-tool there, no HostRelease: not known
+    # an older ConfigFiles (no ModuleConfigFiles beside it) did not read /etc/pve's files
+    assert "/etc/kernel/cmdline" in profile.start.exact
+    assert not [glob for glob in profile.start.exact if glob.startswith("/etc/pve/")]
     assert [(g.kind, g.vmid) for g in profile.start.guests] == sorted(facts.guest_configs)
     assert profile.start.driver.loaded == [m for m in facts.loaded_modules if "nvidia" in m]
     # Blackwell's FSP quirk follows the architecture (the hand-made kpro6.yaml has it too)
@@ -127,6 +130,7 @@ def test_h200x1_says_what_it_assumed():
     # both file facts were captured: the twin keeps nothing there the capture did not hold
     assert "/etc/modprobe.d/*.conf" in profile.start.exact
     assert "/etc/modprobe.d/gpuhost-*.conf" in profile.start.exact
+    assert "/etc/pve/storage.cfg" in profile.start.exact  # a snapshot new enough to read it
     assert profile.zfs_pools == []
 
 
@@ -242,6 +246,12 @@ def test_bad_captures_name_the_fact_and_the_fix():
     raw["KernelBuildInfo"] = (0, ["not a kernel"])
     with pytest.raises(CaptureError, match=r"/proc/version.*capture the host again"):
         made("h200x2", raw)
+    raw = read_snapshot(CAPTURES["kpro6"])
+    secret = base64.b64encode(b"\xff" + b"token=8c0e3a52-51b6-4d1c-b2f6-9e77c1f0a1d4" * 4).decode()
+    raw["ConfigFiles"] = (0, [f"F /etc/gpuhost/x {secret}"])
+    with pytest.raises(CaptureError, match=r"managed files: not base64 text") as bad:
+        made("kpro6", raw)
+    assert secret not in str(bad.value) and "characters)" in str(bad.value)
     raw = read_snapshot(CAPTURES["h200x2"])
     raw["PciDevices"] = (0, [])
     with pytest.raises(CaptureError, match=r"fact PciDevices is empty"):
