@@ -195,7 +195,9 @@ def add_kernel(root: Path, kernel: Kernel, headers: bool = True) -> None:
     (moddir / "modules.dep").write_text(deps)
     (moddir / "modules.builtin").write_text("kernel/drivers/pci/pcie/portdrv.ko\n")
     (moddir / "twin-kernel.json").write_text(json.dumps(kernel.model_dump(), indent=1) + "\n")
-    if headers and modbuild.debian_headers(root) is not None:
+    debian = modbuild.debian_headers(root) if headers else None
+    # a kernel named as the base's own Debian one (a capture of a twin lists it) has its headers
+    if debian is not None and debian.name != f"linux-headers-{v}":
         modbuild.stamp_headers(root, v, root)
         build = moddir / "build"
         if build.is_symlink() or build.exists():

@@ -3,7 +3,9 @@ read (`gather`, one SSH round trip, as `gpuhost capture` reads a host), the fact
 held, field by field on the parsed HostFacts.
 
 capture -> twin.fromcapture.profile_from_snapshot -> a twin (one per capture, started together)
--> gpuhost.observe.live.gather -> parse_raw, against parse_raw of the capture. Every HostFacts
+-> gpuhost.observe.live.gather -> parse_raw, against parse_raw of the capture. The real captures
+hold no guests and mostly no Proxmox, so a fourth capture is a twin's: a Proxmox VE 8 host with
+guests, made by hand, read the same way (SOURCE). Every HostFacts
 field is compared exactly, except those of the tables below, each with its reason:
 - NEVER: no twin can give them back;
 - PARTLY: compared on the part that can round-trip (the projection), the rest named;
@@ -14,15 +16,22 @@ field is compared exactly, except those of the tables below, each with its reaso
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuhost.observe.hostfacts import FACTS, HostFacts, parse_raw, read_snapshot
 from gpuhost.observe.live import gather
+from gpuhost.paths import MANAGED_PATHS
+from twin import node
 from twin.fromcapture import profile_from_snapshot, write_profile
+from twin.profile import PROFILES_DIR
 from twin.pytest_plugin import TwinHandle
 
 CAPTURES = {
@@ -69,14 +78,17 @@ NEVER = {
     "boot_id": "a new random id at every boot (the kernel's /proc/sys/kernel/random/boot_id)",
 }
 
-Projection = Callable[[HostFacts, HostFacts], Any]  # (facts, the capture's) -> what is compared
+# (facts, the capture's, the paths its ConfigFiles read) -> what is compared
+Projection = Callable[[HostFacts, HostFacts, tuple[str, ...]], Any]
 _LOADER_WORDS = ("BOOT_IMAGE=", "initrd=")
 # The boot loader's own files: the twin's loader is configured by them (twin/startstate.py
 # keeps them where the capture had none), and the twin's API keeps its own CA certificate.
-_TWINS_OWN = ("/etc/default/grub", "/etc/kernel/cmdline", "/etc/pve/pve-root-ca.pem", "/etc/pve/storage.cfg")  # fmt: skip
+_TWINS_OWN = ("/etc/default/grub", "/etc/kernel/cmdline")
+_CA = "/etc/pve/pve-root-ca.pem"  # every twin's own, as every host's is (never in a profile)
+_LOCAL = "/etc/pve/local"  # pmxcfs's link to the node it runs on: the twin's own name
 
 
-def _cmdline(facts: HostFacts, real: HostFacts) -> list[str]:
+def _cmdline(facts: HostFacts, real: HostFacts, read: tuple[str, ...]) -> list[str]:
     """In full where the capture booted through a loader too; else without its word."""
     words = list(facts.cmdline)
     if real.cmdline and real.cmdline[0].startswith(_LOADER_WORDS):
@@ -84,15 +96,33 @@ def _cmdline(facts: HostFacts, real: HostFacts) -> list[str]:
     return words[1:] if words and words[0].startswith(_LOADER_WORDS) else words
 
 
-def _managed(facts: HostFacts, real: HostFacts) -> tuple[dict, dict] | None:
+def _managed(facts: HostFacts, real: HostFacts, read: tuple[str, ...]) -> tuple | None:
+    """The paths the capture's own ConfigFiles command read (an older one read fewer), less
+    the twin's own files."""
     if facts.managed is None:
         return None
     captured = real.managed.files if real.managed else {}
-    files = {p: t for p, t in facts.managed.files.items() if p not in _TWINS_OWN or p in captured}
-    return files, {p: t for p, t in facts.managed.links.items() if p != "/etc/pve/local"}
+
+    def kept(path: str) -> bool:
+        ours = path == _CA or (path in _TWINS_OWN and path not in captured)
+        return any(fnmatch.fnmatchcase(path, g) for g in read) and not ours
+
+    files = {p: t for p, t in facts.managed.files.items() if kept(p)}
+    return files, {p: t for p, t in facts.managed.links.items() if kept(p) and p != _LOCAL}
 
 
-def _boot_path(facts: HostFacts, real: HostFacts) -> tuple:
+def read_globs(directory: str | None) -> tuple[str, ...]:
+    """The globs a snapshot's ConfigFiles command read (`for f in <globs>; do`); None: today's."""
+    if directory is None:
+        return MANAGED_PATHS
+    path = Path(directory) / "ConfigFiles.cmd"
+    if not path.exists():
+        return ()  # not captured: the field is not compared
+    command = path.read_text()
+    return tuple(command.split("for f in ", 1)[1].split("; do", 1)[0].split())
+
+
+def _boot_path(facts: HostFacts, real: HostFacts, read: tuple[str, ...]) -> tuple:
     b = facts.boot_path
     grub = (
         (b.grub_source, b.grub_fstype, b.grub_devid, b.grubenv)
@@ -102,15 +132,15 @@ def _boot_path(facts: HostFacts, real: HostFacts) -> tuple:
     return (b.known, b.uefi, b.efivars, b.esp_uuids, b.pin, b.next_boot_pin, grub)
 
 
-def _compilers(facts: HostFacts, real: HostFacts) -> dict[str, str | None]:
+def _compilers(facts: HostFacts, real: HostFacts, read: tuple[str, ...]) -> dict[str, str | None]:
     return {k: facts.compilers.kernel_compiler(k) for k in real.compilers.kernels}
 
 
-def _kernel_features(facts: HostFacts, real: HostFacts) -> dict:
+def _kernel_features(facts: HostFacts, real: HostFacts, read: tuple[str, ...]) -> dict:
     return {k: facts.kernel_features.kernels.get(k) for k in real.kernel_features.kernels}
 
 
-def _monitoring(facts: HostFacts, real: HostFacts) -> Any:
+def _monitoring(facts: HostFacts, real: HostFacts, read: tuple[str, ...]) -> Any:
     m = facts.monitoring
     return None if m is None else dataclasses.replace(m, python=None)
 
@@ -125,7 +155,8 @@ PARTLY: dict[str, tuple[str, Projection]] = {
     ),
     "managed": (
         "the twin's boot loader needs its files (/etc/default/grub, /etc/kernel/cmdline) where"
-        " the capture had no loader, and its Proxmox API its own CA (/etc/pve/pve-root-ca.pem);"
+        " the capture had no loader; each twin's Proxmox API has its own CA"
+        " (/etc/pve/pve-root-ca.pem, pve-cluster's per-cluster key: never copied into a profile);"
         " pmxcfs links /etc/pve/local to the node it runs on, the twin's own name (twinN)",
         _managed,
     ),
@@ -159,20 +190,65 @@ def not_captured(raw: dict) -> list[str]:
     return [f for f, keys in KEYS.items() if not any(k in raw for k in keys)]
 
 
-def host_data(twin: TwinHandle) -> dict:
+def host_data(twin: TwinHandle, known_hosts: Path | None = None) -> dict:
     return {
         "ssh_hostname": twin.address,
         "ssh_user": "root",
         "ssh_key": str(twin.key),
-        "ssh_known_hosts_file": str(twin.known_hosts),
+        "ssh_known_hosts_file": str(known_hosts or twin.known_hosts),
         "ssh_strict_host_key_checking": "yes",
     }
 
 
+# The real captures hold no guests and (but kpro6's older one) no Proxmox: a fourth source is a
+# twin of a Proxmox VE 8 host with guests (made by hand: the h200x2 hardware, CT 101 running with
+# GPU device entries and onboot, CT 102 stopped, VM 201 running), captured by the same read.
+SOURCE = "pve-guests"
+CT101 = (
+    "arch: amd64\ndev0: /dev/nvidia0\ndev1: /dev/nvidiactl\ndev2: /dev/nvidia-uvm\n"
+    "hostname: cuda\nmemory: 4096\nonboot: 1\nostype: debian\n"
+    "rootfs: local-zfs:subvol-101-disk-0,size=8G\n"
+)
+CT102 = "arch: amd64\nhostname: idle\nostype: debian\nrootfs: local-zfs:subvol-102-disk-0,size=8G\n"
+VM201 = "cores: 4\nmachine: q35\nmemory: 8192\nname: vm\nostype: l26\n"
+
+
+# Differences found and not fixed yet, per (capture, field): an entry that no longer differs
+# fails the test, so that it is removed.
+OPEN = {
+    (SOURCE, "kernel_features"): (
+        "fromcapture makes /lib/modules/6.1.0-50-amd64 (the twin base's headers: no /boot image"
+        " or System.map, acs '?') an installed profile kernel, which the twin then installs with"
+        " a System.map (acs False)"
+    ),
+}
+
+
+def source_profile(tmp: Path) -> str:
+    data = yaml.safe_load((Path(PROFILES_DIR) / "h200x2.yaml").read_text())
+    data["name"] = SOURCE
+    data["start"] = {
+        "files": {
+            "/etc/modprobe.d/user.conf": "# the user's own\noptions nvidia_uvm uvm_disable_hmm=1\n"
+        },
+        "driver": {"version": "580.159.04", "open": True, "loaded": ["nvidia_uvm", "nvidia"]},
+        "guests": [
+            {"kind": "lxc", "vmid": 101, "config": CT101, "running": True},
+            {"kind": "lxc", "vmid": 102, "config": CT102},
+            {"kind": "qemu", "vmid": 201, "config": VM201, "running": True},
+        ],
+        "packages": {"pve-manager": "8.3.5", "pve-container": "5.2.4", "qemu-server": "8.3.12"},
+    }
+    path = tmp / f"{SOURCE}-source.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def round_trip(twin_fleet, tmp_path_factory) -> dict[str, tuple[dict, dict]]:
-    """(capture raw, twin raw) per capture: every profile made, then one twin per capture
-    started together and read in one gather (pyinfra reads known_hosts once per process)."""
+    """(capture raw, twin raw) per capture: every profile made, then one twin per capture (and
+    the source twin) started together and read in one gather; then the twin made from the
+    source twin's capture, read alone."""
     tmp = tmp_path_factory.mktemp("roundtrip")
     t0 = time.monotonic()
     captured = {name: read_snapshot(path) for name, path in CAPTURES.items()}
@@ -182,16 +258,27 @@ def round_trip(twin_fleet, tmp_path_factory) -> dict[str, tuple[dict, dict]]:
         write_profile(profile_from_snapshot(raw, name=name, source=CAPTURES[name]), path)
         profiles.append(str(path))
     made = time.monotonic()
-    twins = twin_fleet.start_profiles(profiles)
+    *twins, source = twin_fleet.start_profiles([*profiles, source_profile(tmp)])
     up = time.monotonic()
-    read = gather([(t.name, host_data(t)) for t in twins])
+    read = gather([(t.name, host_data(t)) for t in [*twins, source]])
     done = time.monotonic()
     print(
-        f"\nround trip: profiles {made - t0:.1f} s, {len(twins)} twins up {up - made:.1f} s,"
+        f"\nround trip: profiles {made - t0:.1f} s, {len(twins) + 1} twins up {up - made:.1f} s,"
         f" gather {done - up:.1f} s, total {done - t0:.1f} s"
     )
-    yield {n: (captured[n], read[t.name]) for n, t in zip(CAPTURES, twins, strict=True)}
-    for twin in twins:
+    pairs = {n: (captured[n], read[t.name]) for n, t in zip(CAPTURES, twins, strict=True)}
+    captured[SOURCE] = read[source.name]
+    path = tmp / f"{SOURCE}.yaml"
+    write_profile(profile_from_snapshot(captured[SOURCE], name=SOURCE, source="a twin"), path)
+    (derived,) = twin_fleet.start_profiles([str(path)])
+    # pyinfra's SSH keeps the known_hosts file it read first: the new twin's key is in a copy
+    known = tmp / "known_hosts"
+    shutil.copy(node.known_hosts(), known)
+    again = gather([(derived.name, host_data(derived, known))])[derived.name]
+    print(f"{SOURCE}: its capture's twin up and read in {time.monotonic() - done:.1f} s")
+    pairs[SOURCE] = (captured[SOURCE], again)
+    yield pairs
+    for twin in [*twins, source, derived]:
         twin_fleet.stop(twin)
 
 
@@ -202,7 +289,7 @@ def test_every_field_is_compared_or_listed() -> None:
     assert not (set(NEVER) & set(PARTLY))
 
 
-@pytest.mark.parametrize("name", list(CAPTURES))
+@pytest.mark.parametrize("name", [*CAPTURES, SOURCE])
 def test_facts_round_trip(name: str, round_trip: dict[str, tuple[dict, dict]]) -> None:
     raw, twin_raw = round_trip[name]
     real, ours = parse_raw(raw), parse_raw(twin_raw)
@@ -214,7 +301,8 @@ def test_facts_round_trip(name: str, round_trip: dict[str, tuple[dict, dict]]) -
             continue
         if field.name in PARTLY:
             project = PARTLY[field.name][1]
-            a, b = project(real, real), project(ours, real)
+            read = read_globs(CAPTURES.get(name))
+            a, b = project(real, real, read), project(ours, real, read)
             partly += 1
         else:
             a, b = getattr(real, field.name), getattr(ours, field.name)
@@ -225,6 +313,9 @@ def test_facts_round_trip(name: str, round_trip: dict[str, tuple[dict, dict]]) -
         f"\n{name}: {exact} fields exact, {partly} in part, {len(skipped)} not compared"
         f" ({', '.join(sorted(skipped))})"
     )
+    for field in [f for (n, f) in OPEN if n == name]:
+        assert field in differ, f"{field} of {name} round-trips now: remove it from OPEN"
+        del differ[field]
     assert not differ, "\n".join(
         f"{f}:\n  capture {a}\n  twin    {b}" for f, (a, b) in differ.items()
     )

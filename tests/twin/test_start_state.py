@@ -65,7 +65,13 @@ def hosts(twin_fleet, tmp_path_factory) -> dict[str, TwinHandle]:
         ],
         packages=PACKAGES,
     )
-    bare = captured(tmp, "captured-bare", packages={}, os_release={"ID": "ubuntu"})
+    bare = captured(
+        tmp,
+        "captured-bare",
+        packages={},
+        os_release={"ID": "ubuntu"},
+        driver={"version": "580.159.04", "open": False},  # the proprietary module, not captured
+    )
     t0 = time.monotonic()
     handles = dict(zip(("pve", "bare"), twin_fleet.start_profiles([pve, bare]), strict=True))
     print(f"start-state twins up in {time.monotonic() - t0:.1f} s")
@@ -157,6 +163,9 @@ def test_without_proxmox_packages(hosts: dict[str, TwinHandle]) -> None:
     assert twin.run("command -v pveversion")[0] != 0
     assert 'ID="ubuntu"' in out(twin, "cat /etc/os-release")
     assert out(twin, "uname -r") == f"{NEW}\n"  # no running_kernel: the newest, as the loader
+    version = out(twin, "cat /proc/driver/nvidia/version")
+    assert "NVIDIA UNIX x86_64 Kernel Module  580.159.04" in version  # MODULE_LICENSE("NVIDIA")
+    assert startstate.report(twin.root) == []  # loaded not captured: only what the boot loads
 
 
 def test_a_reboot_does_not_redo_it(hosts: dict[str, TwinHandle]) -> None:
