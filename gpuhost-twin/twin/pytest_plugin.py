@@ -196,6 +196,7 @@ class Fleet:
             lifecycle.stop(name)  # a leftover of a killed earlier run
         self.started += names
         twins = lifecycle.start_profiles(profiles, first)
+        _forget_known_hosts()
         for t in twins:
             error = t.dir / "boot-error"
             if error.exists():  # a bug in the simulation must not pass as a booted host
@@ -252,3 +253,16 @@ def twins(request: pytest.FixtureRequest, twin_fleet: Fleet) -> Iterator[list[Tw
 @pytest.fixture(scope="module")
 def twin(twins: list[TwinHandle]) -> TwinHandle:
     return twins[0]
+
+
+def _forget_known_hosts() -> None:
+    """The fleet's known_hosts now holds the new twins' keys: drop pyinfra's memo of it.
+
+    pyinfra's SSH client loads a known_hosts file once per process (sshuserclient.client's
+    ``get_host_keys`` is memoized); a test worker that read twins in-process earlier (facts'
+    ``gather``) would otherwise judge a new twin by the keys of before and refuse it."""
+    try:
+        from pyinfra.connectors.sshuserclient.client import get_host_keys
+    except ImportError:  # a twin test without pyinfra
+        return
+    get_host_keys.cache.clear()  # type: ignore[attr-defined]

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.audit.plugin import Target, _runner, _testinfra_host
+from gpuhost.audit.connect import host_runner
+from gpuhost.audit.plugin import Target
 from gpuhost.audit.run import audit_all, read_host
 from gpuhost.control import read_control
 from gpuhost.observe.cuda import DEFAULT_SIZES
@@ -87,7 +88,7 @@ def put(twin: TwinHandle, path: str, text: str, mode: str) -> None:
 def write_plan_files(twin: TwinHandle) -> list[str]:
     """tools/write-plan-files.py inventory/h200.py h200 modules devices, over SSH."""
     t = target("h200", "inventory/h200.py", twin)
-    host = read_host(t.name, t.spec, _runner(_testinfra_host(t)), None, SIZES, guests=False)
+    host = read_host(t.name, t.spec, host_runner(t.name, t.data, t.url), None, SIZES, guests=False)
     assert host.context is not None, host.refused
     written = []
     for item in host.context.plan.files.values():
@@ -125,7 +126,7 @@ def h200x1(twin_fleet, tmp_path_factory) -> Iterator[TwinHandle]:
 def test_the_twin_audits_as_the_real_machine(h200x1, name):
     inventory, report = HOSTS[name]
     t = target(name, inventory, h200x1)
-    host = read_host(t.name, t.spec, _runner(_testinfra_host(t)), None, SIZES)
+    host = read_host(t.name, t.spec, host_runner(t.name, t.data, t.url), None, SIZES)
     got = {o.check.id: o for o in audit_all(host)}
     want = recorded(report)
     assert set(got) == set(want)
