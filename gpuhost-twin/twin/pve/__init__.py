@@ -23,7 +23,7 @@ _EXPORTS = {
     "installed_kernels": "boot_functions",
     "KERNEL_HOOKS": "bootloader",
     "on_boot": "bootloader",
-    "TWIN_STATE": "config",
+    "TWIN_STATE": "state",
     "apply_pending": "config_update",
     "ensure_grubenv": "esp_sync",
     "refresh": "esp_sync",

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import TWIN_STATE
+from .state import TWIN_STATE
 
 ESP_LIST = "etc/kernel/proxmox-boot-uuids"
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from . import config as cfg
+from . import state
 from .clihandler import Output
 
 # --- dispatch ---
@@ -49,9 +49,9 @@ def run(tool: str, argv: list[str], root: Path | None = None) -> tuple[int, str,
     """Run one tool in-process: (exit status, stdout, stderr)."""
     root = root if root is not None else Path(os.environ.get("TWIN_ROOT", "/"))
     out = Output()
-    cfg.drain_warnings()
+    state.drain_warnings()
     rc = tool_function(tool)(root, argv, out)
-    warnings = "".join(f"{w}\n" for w in cfg.drain_warnings())  # perl warns while parsing
+    warnings = "".join(f"{w}\n" for w in state.drain_warnings())  # perl warns while parsing
     return rc, "".join(out.stdout), warnings + "".join(out.stderr)
 
 

@@ -27,9 +27,7 @@ from .schema import (
     check_format,
     parse_boolean,
 )
-
-TWIN_STATE = "var/lib/gpuhost-twin"  # the twin's own bookkeeping, relative to root
-
+from .state import TWIN_STATE, WARNINGS, drain_warnings  # noqa: F401 (re-exported)
 
 # --- text encoding (PVE::Tools) ---
 
@@ -325,14 +323,6 @@ def guest_ids(root: Path, kind: str) -> list[int]:
 
 
 # Parser warnings of this process, for the CLI to print on stderr like perl's warn() does.
-_WARNINGS: list[str] = []
-
-
-def drain_warnings() -> list[str]:
-    """Parse warnings since the last call, each once, in order."""
-    found = list(dict.fromkeys(_WARNINGS))
-    _WARNINGS.clear()
-    return found
 
 
 def load_config(root: Path, kind: str, vmid: int) -> GuestConfig:
@@ -346,7 +336,7 @@ def load_config(root: Path, kind: str, vmid: int) -> GuestConfig:
             f"Configuration file 'nodes/{node_name(root)}/{sub}/{vmid}.conf' does not exist"
         ) from None
     conf = parse_config(kind, vmid, raw, pve_release(root))
-    _WARNINGS.extend(conf.warnings)
+    WARNINGS.extend(conf.warnings)
     return conf
 
 

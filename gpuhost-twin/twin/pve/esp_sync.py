@@ -27,8 +27,8 @@ from .boot_functions import (
     initrd_record,
 )
 from .bootcfg import write_bootcfg
-from .config import TWIN_STATE
 from .grub import set_grub_default, update_grub
+from .state import TWIN_STATE
 
 ESP_DIR = f"{TWIN_STATE}/esp"  # files the twin keeps of each ESP's vfat (GRUB: grub/grubenv)
 

@@ -26,7 +26,7 @@ from .boot_functions import (
     installed_kernels,
 )
 from .bootcfg import write_bootcfg
-from .config import TWIN_STATE
+from .state import TWIN_STATE
 
 # --- GRUB ---
 

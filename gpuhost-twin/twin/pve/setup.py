@@ -12,10 +12,10 @@ from typing import Any
 
 from .boot_functions import Out, installed_kernels
 from .bootloader import KERNEL_HOOKS
-from .config import TWIN_STATE
 from .esp_sync import ensure_grubenv, refresh
 from .grub import update_grub
 from .initramfs import initramfs_record
+from .state import TWIN_STATE
 
 LIB = "usr/lib/gpuhost-twin"
 SHIMS = {
