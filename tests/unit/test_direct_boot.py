@@ -18,8 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 H200X1 = ROOT / "tests/fixtures/captures/h200x1/facts"
 H200X2 = ROOT / "tests/fixtures/captures/h200x2/facts"
 
-pytestmark = pytest.mark.unit
-
 
 def made(path: Path, raw: dict | None = None) -> dict:
     raw = raw if raw is not None else read_snapshot(path)
