@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from twin import hwsim
+from twin import hwsim, kernel_direct
 from twin.boot_modules import _load_modules
 from twin.kernel_choice import BOOTCFG, BrickedError, choose_kernel, read_default_grub
 from twin.profile import Profile
@@ -56,7 +56,8 @@ def simulate_boot(
         "live_sysfs": live_sysfs,
     }
     hw.p(hwsim.DMESG).unlink(missing_ok=True)
-    kernel, cmdline, attempts = choose_kernel(hw, profile)
+    direct = profile.boot.loader == "none"  # the hypervisor's kernel, no loader's choice
+    kernel, cmdline, attempts = (kernel_direct.choose if direct else choose_kernel)(hw, profile)
     hw.state.update(kernel=kernel, cmdline=cmdline, boot_attempts=attempts)
     # The journal's previous boot (journalctl -b -1 -k): a boot that panicked just before this
     # one, else the last boot that came up (Debian 12 keeps the journal on disk).

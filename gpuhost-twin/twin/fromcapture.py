@@ -164,10 +164,37 @@ def _pve(facts: HostFacts, raw: dict, assumed: list[str]) -> int:
     return 8
 
 
+def _direct(facts: HostFacts, assumed: list[str]) -> dict[str, Any] | None:
+    """boot.loader none (twin/profile_boot.py) where the capture shows no boot loader: no
+    proxmox-boot-tool (BootTool 127), and BootPath without EFI, ESP list or /boot/grub; or,
+    without BootPath, a /proc/cmdline that no loader made (GRUB puts BOOT_IMAGE= first,
+    include/grub/lib/cmdline.h; systemd-boot initrd=). The hypervisor passes it as it is."""
+    path, cmdline = facts.boot_path, facts.cmdline
+    if facts.boot_tool is not None or (facts.files or {}).keys() & {"/etc/kernel/cmdline"}:
+        return None
+    kernels = cmdline[: cmdline.index("--")] if "--" in cmdline else cmdline  # init's after --
+    if path.known:
+        if path.uefi or path.esp_uuids is not None or path.grub_source or path.grub_fstype:
+            return None
+    elif any(p.startswith(("BOOT_IMAGE=", "initrd=")) for p in kernels):
+        return None
+    else:
+        assumed.append(
+            "boot.loader: none, boot.firmware: bios (no BootPath captured; no proxmox-boot-tool"
+            " and /proc/cmdline has no loader's BOOT_IMAGE= or initrd=)"
+        )
+    firmware = "uefi" if path.uefi else "bios"
+    return {"firmware": firmware, "loader": "none", "kernel": facts.kernel.release,
+            "kernel_cmdline": " ".join(cmdline)}  # fmt: skip
+
+
 def _boot(facts: HostFacts, assumed: list[str]) -> dict[str, Any]:
     files = facts.files or {}
     path = facts.boot_path
     tool = facts.boot_tool
+    direct = _direct(facts, assumed)
+    if direct is not None:
+        return direct | _root_fs(facts, assumed)
     if path.known:
         firmware = "uefi" if path.uefi else "bios"
     elif tool is not None and tool.booted_with:
@@ -213,13 +240,17 @@ def _boot(facts: HostFacts, assumed: list[str]) -> dict[str, Any]:
         boot["boot_on_lvm"] = path.grub_source.startswith(("/dev/mapper/", "/dev/dm-"))
     elif boot["loader"] == "grub" and not boot.get("grub_on_esp"):
         assumed.append("boot.boot_on_lvm: true (Proxmox's ext4/xfs install; /boot/grub not read)")
+    return boot | _root_fs(facts, assumed)
+
+
+def _root_fs(facts: HostFacts, assumed: list[str]) -> dict[str, str]:
     fstype = facts.zfs.root_fstype
     if fstype in ("zfs", "btrfs", "ext4"):
-        boot["root_fs"] = fstype
-    elif fstype:
-        boot["root_fs"] = "ext4"
+        return {"root_fs": fstype}
+    if fstype:
         assumed.append(f"boot.root_fs: ext4 (the host's / is {fstype}, which the twin lacks)")
-    return boot
+        return {"root_fs": "ext4"}
+    return {}
 
 
 def _pci(facts: HostFacts, gpus: list[dict], assumed: list[str]) -> list[dict[str, Any]]:
@@ -258,8 +289,11 @@ def _kernels(facts: HostFacts, raw: dict, assumed: list[str]) -> list[dict[str, 
     build = _PROC_VERSION.match(line)  # gpuhost's own /proc/version pattern (parse_kernel_build)
     releases = {running.release}
     releases |= set(facts.boot_kernels.all if facts.boot_kernels else [])
-    releases |= set(facts.compilers.kernels)
-    releases |= set(facts.kernel_features.kernels)
+    # an installed kernel has /boot/config-<release> or System.map-<release> (acs read); a
+    # /lib/modules/<release> with only headers (build/.config) or modules is what a removed
+    # kernel leaves behind, or a base's headers: no kernel to boot
+    releases |= {k for k, src in facts.compilers.kernels.items() if src.keys() - {"build"}}
+    releases |= {k for k, f in facts.kernel_features.kernels.items() if f.acs_override is not None}
     out = []
     guessed = []
     for release in sorted(releases):

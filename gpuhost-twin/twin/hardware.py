@@ -212,6 +212,8 @@ def _boot_config(root: Path, profile: Profile) -> None:
         _write(root, "etc/kernel/cmdline", (b.kernel_cmdline or "") + "\n")
         _write(root, "etc/kernel/proxmox-boot-uuids", "".join(u + "\n" for u in b.esp_uuids))
         options = b.kernel_cmdline or ""
+    elif b.loader == "none":  # the hypervisor's command line; nothing in the machine holds it
+        options = b.kernel_cmdline or ""
     else:
         _write(root, "etc/default/grub", b.default_grub or "")
         grub = boot.read_default_grub(root)

@@ -6,7 +6,7 @@ A real boot loader boots what the last `proxmox-boot-tool refresh` / `update-gru
 /etc says now. The Proxmox tool shims record that snapshot whenever they run; its format:
 
     {
-      "loader": "systemd-boot" | "grub",
+      "loader": "systemd-boot" | "grub" | "none",  # none: never read (twin/kernel_direct.py)
       "cmdline": "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on",
                  # the options of the boot entry: /etc/kernel/cmdline (systemd-boot), or for grub
                  # "root=<dev> ro $GRUB_CMDLINE_LINUX $GRUB_CMDLINE_LINUX_DEFAULT"

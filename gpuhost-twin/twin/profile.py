@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from twin.profile_boot import Boot
 from twin.profile_start import HostStart
 
 # libyaml's loader where PyYAML has it: the same documents, about 7 times faster than the pure
@@ -68,45 +69,6 @@ class Cpu(_Model):
     @property
     def vendor_id(self) -> str:
         return "AuthenticAMD" if self.vendor == "AMD" else "GenuineIntel"
-
-
-class Boot(_Model):
-    firmware: Literal["uefi", "bios"]
-    loader: Literal["systemd-boot", "grub"]
-    # systemd-boot: first line of /etc/kernel/cmdline; grub: the whole /etc/default/grub.
-    kernel_cmdline: str | None = None
-    default_grub: str | None = None
-    esp_uuids: list[str] = ["9B1C-4F2A"]  # /etc/kernel/proxmox-boot-uuids (ESP hosts only)
-    # GRUB installed on the ESPs by `proxmox-boot-tool init <part> grub` (Secure Boot or BIOS on
-    # ZFS): each ESP has its own grub/grubenv, which GRUB can write (one-shot next_entry works).
-    grub_on_esp: bool = False
-    # Plain GRUB only: /boot on the LVM root (PVE ext4/xfs installs). GRUB's save_env cannot
-    # write there ("diskfilter writes are not supported"), so next_entry is never cleared.
-    boot_on_lvm: bool = True
-    # The root file system the installer chose (hwsim/storage.py); None: ZFS where the ESPs are
-    # proxmox-boot-tool's (systemd-boot, GRUB on the ESPs), else ext4 on LVM.
-    root_fs: Literal["zfs", "btrfs", "ext4"] | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Boot:
-        if self.loader == "systemd-boot":
-            if self.firmware != "uefi":
-                raise ValueError(
-                    f"boot.loader='systemd-boot' needs boot.firmware='uefi' (got {self.firmware!r});"
-                    " use loader 'grub' for legacy BIOS"
-                )
-            if not self.kernel_cmdline or "root=" not in self.kernel_cmdline:
-                raise ValueError(
-                    f"boot.kernel_cmdline={self.kernel_cmdline!r} must hold root= for systemd-boot"
-                    " (proxmox-boot-tool refuses it); e.g. 'root=ZFS=rpool/ROOT/pve-1 boot=zfs'"
-                )
-        if self.grub_on_esp and (self.loader != "grub" or not self.esp_uuids):
-            raise ValueError("boot.grub_on_esp needs boot.loader='grub' and boot.esp_uuids")
-        if self.loader == "grub" and not self.default_grub:
-            raise ValueError(
-                "boot.default_grub is empty; a GRUB host needs the initial /etc/default/grub text"
-            )
-        return self
 
 
 class PciDevice(_Model):
@@ -310,6 +272,7 @@ class Profile(_Model):
                 )
         self._check_matrices()
         versions = [k.version for k in self.kernels]
+        self._check_direct_boot(versions)
         if len(set(versions)) != len(versions):
             raise ValueError(f"kernels lists a version twice: {versions}")
         if set(versions) <= set(self.failing_kernels):
@@ -318,6 +281,29 @@ class Profile(_Model):
                 " the machine could never boot: keep one known-good kernel"
             )
         return self
+
+    def _check_direct_boot(self, versions: list[str]) -> None:
+        """loader none: the hypervisor's kernel is one of kernels, and what a captured start
+        ran is what the hypervisor passes at every boot (profile_boot.py)."""
+        boot = self.boot
+        if boot.loader != "none":
+            return
+        if boot.kernel not in versions:
+            raise ValueError(
+                f"boot.kernel={boot.kernel!r} is not in kernels {versions}; add it or fix the"
+                " release the hypervisor boots"
+            )
+        start = self.start
+        if start is not None and start.running_kernel not in (None, boot.kernel):
+            raise ValueError(
+                f"start.running_kernel={start.running_kernel!r} differs from boot.kernel="
+                f"{boot.kernel!r}: a machine without a loader boots the hypervisor's kernel"
+            )
+        if start is not None and start.cmdline not in (None, boot.kernel_cmdline):
+            raise ValueError(
+                f"start.cmdline differs from boot.kernel_cmdline={boot.kernel_cmdline!r}: the"
+                " hypervisor passes the same command line at every boot; make them equal"
+            )
 
     def _check_matrices(self) -> None:
         n = len(self.gpus)

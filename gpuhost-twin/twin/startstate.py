@@ -128,7 +128,7 @@ def _remove_unlisted(root: Path, profile: Profile, node: str) -> None:
     keep |= {*PMXCFS_LINKS, "/etc/pve/pve-root-ca.pem"}
     if profile.boot.loader == "grub":
         keep.add("/etc/default/grub")
-    else:
+    elif profile.boot.loader == "systemd-boot":  # loader none: the hypervisor's, no file
         keep.add("/etc/kernel/cmdline")
     if profile.boot.loader == "systemd-boot" or profile.boot.grub_on_esp:
         keep.add("/etc/kernel/proxmox-boot-uuids")

@@ -102,19 +102,18 @@ def test_h200x1_says_what_it_assumed():
     raw = read_snapshot(CAPTURES["h200x1"])
     facts = parse_raw(raw)
     profile = parse_profile(made("h200x1", raw))
-    # no loader on the Firecracker microVM: GRUB on BIOS (BootPath: uefi no) with the running
-    # kernel's parameters, said so in `assumed`
+    # no loader on the Firecracker microVM (BootPath: uefi no, no ESP list, no /boot/grub;
+    # BootTool 127): direct kernel boot of the running kernel with /proc/cmdline as it was,
+    # init's arguments after "--" included; nothing about the loader is assumed
     assert (profile.boot.firmware, profile.boot.loader, profile.boot.root_fs) == (
         "bios",
-        "grub",
+        "none",
         "ext4",
     )
-    grub_line = next(
-        line for line in profile.boot.default_grub.splitlines() if "CMDLINE_LINUX_DEFAULT" in line
-    )
-    assert "panic=1" in grub_line and "--firecracker-init" not in grub_line
-    assert any(line.startswith("boot.default_grub:") for line in profile.assumed)
-    assert any(line.startswith("boot.loader:") for line in profile.assumed)
+    assert profile.boot.kernel == facts.kernel.release == profile.start.running_kernel
+    assert profile.boot.kernel_cmdline == " ".join(facts.cmdline) == profile.start.cmdline
+    assert profile.boot.esp_uuids == [] and profile.boot.default_grub is None
+    assert not [line for line in profile.assumed if line.startswith("boot.")]
     assert profile.kernels[0].gcc == "gcc (GCC) 15.3.0" and not profile.kernels[0].zfs
     # KernelFeatureFiles read every /lib/modules/*/ and found none: the microVM's kernel has no
     # module tree (h200x1-boot-raw/ls_modules.out), so no in-tree module can load on its twin

@@ -45,6 +45,8 @@ def root_fs(boot: dict) -> tuple[str, str]:
         return "rpool/ROOT/pve-1", "zfs"
     if fstype == "btrfs":
         return "/dev/sda3", "btrfs"
+    if boot.get("loader") == "none":  # a microVM's virtio disk (h200x1-boot-raw/findmnt_all)
+        return "/dev/vda", fstype
     if boot.get("boot_on_lvm", True):
         return "/dev/mapper/pve-root", "ext4"
     return "/dev/sda2", "ext4"

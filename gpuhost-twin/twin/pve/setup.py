@@ -86,7 +86,7 @@ def install(root: Path, profile: Any = None, node: str | None = None) -> None:
     captured = _get(_get(profile, "start"), "packages")
     packages = RELEASE_PACKAGES[release] if captured is None else dict(captured)
     _register_packages(root, release, packages)
-    _install_code(root, proxmox=bool(packages))
+    _install_code(root, proxmox=bool(packages), grub=loader != "none")
     _install_kernel_hooks(root, loader)
     _factory_boot(root, boot, loader, firmware)
 
@@ -151,12 +151,14 @@ def _register_packages(
 PROXMOX_TOOLS = ("pct", "qm", "pvesh", "proxmox-boot-tool", "pveversion")
 
 
-def _install_code(root: Path, proxmox: bool = True) -> None:
+def _install_code(root: Path, proxmox: bool = True, grub: bool = True) -> None:
     from twin import bytecode  # outside the twin only: this package runs inside it too
 
     bytecode.copy_package(Path(__file__).parent, root / LIB / "pve", copy=shutil.copy)
     for tool, where in SHIMS.items():
         if tool in PROXMOX_TOOLS and not proxmox:
+            continue
+        if tool == "update-grub" and not grub:  # grub2-common's: a machine without a loader
             continue
         target = root / where / tool
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -196,7 +198,7 @@ def _factory_boot(root: Path, boot: Any, loader: str, firmware: str) -> None:
             cmdline.write_text(
                 (_get(boot, "kernel_cmdline") or "root=ZFS=rpool/ROOT/pve-1 boot=zfs") + "\n"
             )
-    else:
+    elif loader == "grub":  # loader none (profile_boot.py): the hypervisor's, nothing here
         default = root / "etc/default/grub"
         default.parent.mkdir(parents=True, exist_ok=True)
         (root / "etc/default/grub.d").mkdir(exist_ok=True)
