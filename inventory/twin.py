@@ -107,6 +107,12 @@ twins = [
     )
     for t in _running
 ]
+_guests = [
+    (t, g) for entry, t in zip(twins, _running, strict=True) for g in _running_containers(entry, t)
+]
+# Each host once in an inventory: where several twins run a container of one name (a fleet of
+# kpro6 twins each has ct200), each is named after its twin too (twin2-ct200).
+_names = [name for _, (name, _) in _guests]
 guests = [
-    g for entry, t in zip(twins, _running, strict=True) for g in _running_containers(entry, t)
+    (f"{t.name}-{name}" if _names.count(name) > 1 else name, data) for t, (name, data) in _guests
 ]

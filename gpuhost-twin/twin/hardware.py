@@ -64,7 +64,8 @@ PACKAGED = {
     "zpool": ["/sbin/zpool"],  # zfsutils-linux; the pools of the profile's disks
     "pvesm": ["/usr/sbin/pvesm"],  # pve-storage's CLI: `pvesm status` over storage.cfg
 }
-WRAPPER = """#!/usr/bin/python3
+# -S: no site module (the shims are stdlib only); a few ms of every call, and a read runs a dozen
+WRAPPER = """#!/usr/bin/python3 -S
 # gpuhost twin: simulated hardware tool; real one (if any) is {real}
 import os, sys
 sys.path.insert(0, os.path.join(os.environ.get("TWIN_ROOT", "/"), "{shim_dir}"))

@@ -38,7 +38,7 @@ from pve.cli import main  # noqa: E402
 
 sys.exit(main("kernel-hook", ["{phase}", "{name}", *sys.argv[1:]]))
 '''
-SHIM = '''#!/usr/bin/python3
+SHIM = '''#!/usr/bin/python3 -S
 """{tool}: the gpuhost twin's simulated Proxmox tool (source: twin/pve in gpuhost)."""
 import os
 import sys
