@@ -11,12 +11,10 @@ default, the managed environment, uv and the venvs with their pins, and the venv
 
 from pyinfra import host
 
-from deploys import guest_software, ops
+from deploys import guest_software
 from gpuhost.pve.guests import GuestEntry
 from gpuhost.spec.guests import LxcGuest
 from gpuhost.spec.inventory import GUEST_KEY
-
-ops.register_deploy_file(__file__)  # pyinfra execs this file: see the function
 
 entry = host.data.get(GUEST_KEY)
 if isinstance(entry, GuestEntry) and isinstance(entry.spec, LxcGuest):

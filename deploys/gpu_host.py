@@ -30,7 +30,6 @@ from deploys import (
     kernel,
     modules,
     monitoring,
-    ops,
     readiness,
     reboot,
     rollout,
@@ -42,8 +41,6 @@ from deploys import (
 )
 from gpuhost.plan.trial.state import Step
 from gpuhost.spec.inventory import GUEST_KEY
-
-ops.register_deploy_file(__file__)  # pyinfra execs this file: see the function
 
 
 def provision() -> None:

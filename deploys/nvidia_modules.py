@@ -5,8 +5,6 @@ The same Plan as gpu_host.py, applying just its driver_modules (a no-op without 
 
 from pyinfra import host
 
-from deploys import context, driver, ops
-
-ops.register_deploy_file(__file__)  # pyinfra execs this file: see the function
+from deploys import context, driver
 
 driver.configure(context.plan(host))

@@ -9,11 +9,8 @@ marker written before the files that need the step, removed when the step has su
 from __future__ import annotations
 
 import base64
-import os
 import posixpath
 import shlex
-import sys
-import types
 
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
@@ -262,20 +259,3 @@ def apply_items(items: list[ManagedFile], label: str, follow_ups: list[FollowUp]
         if item.path not in settled:
             steps = [f for f in follow_ups if item.path in f.triggers]
             managed_file(name=f"{label}: {item.path}", item=item, follow_ups=steps)
-
-
-def register_deploy_file(path: str) -> None:
-    """Give a deploy file that pyinfra runs (``exec``, not import) a module entry.
-
-    pyinfra's CLI orders each operation by the line numbers on its call stack
-    (pyinfra.api.util.get_operation_order_from_stack, through inspect.stack), and
-    inspect.getmodule finds no module for an exec'd file: it scans all of sys.modules for every
-    frame of it, about 130 scans (~80 ms) in a converged gpu_host.py run. An entry whose
-    ``__file__`` is the deploy file is found once, then cached; its name holds a colon, so no
-    import statement can reach it.
-    """
-    name = f"gpuhost-deploy:{path}"
-    if name not in sys.modules:
-        module = types.ModuleType(name)
-        module.__file__ = os.path.abspath(path)
-        sys.modules[name] = module

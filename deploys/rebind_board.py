@@ -13,12 +13,10 @@ should last.
 from pyinfra import host
 from pyinfra.api.exceptions import DeployError
 
-from deploys import context, ops
+from deploys import context
 from deploys.rebind import DRIVERS, rebind
 from gpuhost.plan.guests.boardholders import holders
 from gpuhost.plan.guests.vfio import board_functions
-
-ops.register_deploy_file(__file__)  # pyinfra execs this file: see the function
 
 plan = context.plan(host)
 gpu, driver = host.data.get("gpu"), host.data.get("driver")
