@@ -11,6 +11,8 @@ credentials inside URLs become ``***`` (gpuhost.redact.mask_secrets).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from pathlib import PurePosixPath
 
@@ -59,3 +61,42 @@ def redact(text: str) -> str:
         return f"{head}{key}{line_of(value)}{line_of(match['rest'])}"
 
     return "\n".join(line_of(mask_secrets(line)) for line in text.split("\n"))
+
+
+# Facts whose lines hold files (``F <path> <base64>``) and those whose lines are config text or
+# process arguments (a guest's config, QEMU's argv in GuestStatuses).
+_FILE_FACTS = ("ConfigFiles", "ModuleConfigFiles")
+_TEXT_FACTS = ("PveGuestConfigs", "GuestStatuses")
+
+
+def redact_snapshot(
+    raw: dict[str, tuple[int, list[str]]],
+) -> dict[str, tuple[int, list[str]]]:
+    """A snapshot as kept beside a rehearsal: the same rule as for a profile. A secret file's
+    line is left out, the other files and the guests' texts are redacted (a later rehearsal from
+    it makes the same profile: the profile holds no secret either way). A file line that is not
+    base64 text is left out too: what it holds cannot be checked."""
+    kept = dict(raw)
+    for key in _FILE_FACTS:
+        if key not in raw:
+            continue
+        status, lines = raw[key]
+        out = []
+        for line in lines:
+            kind, _, rest = line.partition(" ")
+            path, _, value = rest.partition(" ")
+            if secret_path(path):
+                continue
+            if kind == "F":
+                try:
+                    text = base64.b64decode(value, validate=True).decode()
+                except (binascii.Error, UnicodeDecodeError):
+                    continue
+                line = f"F {path} {base64.b64encode(redact(text).encode()).decode()}"
+            out.append(line)
+        kept[key] = (status, out)
+    for key in _TEXT_FACTS:
+        if key in raw:
+            status, lines = raw[key]
+            kept[key] = (status, [redact(line) for line in lines])
+    return kept

@@ -136,7 +136,7 @@ class Rehearsal:
             self.out(f"capture to the second run's end: {total:.1f} s (not converged)")
         self.section("kept")
         self.out(
-            f"{where}: profile.yaml, snapshot/ (the host's read), twin-snapshot/ (the twin's, "
+            f"{where}: profile.yaml, snapshot/ (the host's read, no secrets), twin-snapshot/ (the twin's, "
             "before the deploy), inventory.py, deploy and audit logs, audit.json, report.txt",
             f"the twin runs on: stop it with  python -m twin stop {twin.name}",
             f"start it again:  python -m twin start --first {twin.index} --profile {profile_path}",

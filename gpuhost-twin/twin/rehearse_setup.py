@@ -121,9 +121,12 @@ def rehearsal_dir(host: str) -> Path:
 
 
 def keep_snapshot(where: Path, raw: Raw) -> Path:
-    """The read, as `gpuhost capture` writes it: a later rehearsal can start from it (--facts)."""
+    """The read, as `gpuhost capture` writes it, without its secrets (the profile's rule,
+    twin/fromcapture_secrets.py): a later rehearsal can start from it (--facts)."""
+    from twin.fromcapture_secrets import redact_snapshot
+
     path = where / "snapshot"
-    write_snapshot(path, raw)
+    write_snapshot(path, redact_snapshot(raw))
     return path
 
 

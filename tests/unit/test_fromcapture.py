@@ -11,6 +11,7 @@ from gpuhost.observe.hostfacts import parse_raw, read_snapshot
 from twin.fromcapture import CaptureError, profile_from_snapshot, write_profile
 from twin.fromcapture_secrets import REDACTED, redact, secret_path
 from twin.profile import load_profile, parse_profile
+from twin.rehearse_setup import keep_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = {
@@ -182,9 +183,14 @@ def _file_line(path: str, text: str) -> str:
     return f"F {path} {base64.b64encode(text.encode()).decode()}"
 
 
-def test_secrets_never_enter_a_profile(tmp_path):
+TOKEN = "8c0e3a52-51b6-4d1c-b2f6-9e77c1f0a1d4"
+
+
+def planted_secrets() -> dict:
+    """kpro6's snapshot with secrets planted: token and key files, secret-named entries in a
+    kept file and in a container's config."""
     raw = read_snapshot(CAPTURES["kpro6"])
-    token = "8c0e3a52-51b6-4d1c-b2f6-9e77c1f0a1d4"
+    token = TOKEN
     status, lines = raw["ConfigFiles"]
     raw["ConfigFiles"] = (
         status,
@@ -208,7 +214,12 @@ def test_secrets_never_enter_a_profile(tmp_path):
             "ostype: debian",
         ],
     )
-    data = made("kpro6", raw)
+    return raw
+
+
+def test_secrets_never_enter_a_profile(tmp_path):
+    token = TOKEN
+    data = made("kpro6", planted_secrets())
     write_profile(data, tmp_path / "p.yaml")
     assert token not in (tmp_path / "p.yaml").read_text()
     start = parse_profile(data).start
@@ -219,6 +230,26 @@ def test_secrets_never_enter_a_profile(tmp_path):
     assert f"lxc.environment: HF_TOKEN={REDACTED}" in guest.config
     assert f"DB_PASSWORD={REDACTED}" in guest.config and "hostname: secretive" in guest.config
     assert any("left out as secret" in line for line in data["assumed"])
+
+
+def test_the_snapshot_kept_beside_a_rehearsal_holds_no_secret_and_makes_the_same_profile(
+    tmp_path,
+):
+    raw = planted_secrets()
+    kept = keep_snapshot(tmp_path, raw)
+    assert not any(TOKEN in f.read_text() for f in kept.iterdir())
+    for key in ("ConfigFiles", "PveGuestConfigs"):  # and nothing of them in base64 either
+        assert (
+            base64.b64encode(TOKEN.encode()).decode()[:20] not in (kept / f"{key}.out").read_text()
+        )
+    assert "/etc/gpuhost/api-token" not in (kept / "ConfigFiles.out").read_text()
+    again, first = made("kpro6", read_snapshot(kept)), made("kpro6", raw)
+    # the same profile; only the line that says which secret files the first read had is gone
+    secret_note = [line for line in first.pop("assumed") if "left out as secret" in line]
+    assert secret_note and again.pop("assumed") == [
+        line for line in made("kpro6", raw)["assumed"] if line not in secret_note
+    ]
+    assert again == first
 
 
 def test_redaction_rule():
