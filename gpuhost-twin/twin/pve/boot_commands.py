@@ -3,16 +3,23 @@ hooks (stdlib only); the work is in bootloader, esp_sync, grub and initramfs."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 from . import boot_functions as bf
-from . import bootloader as bl
-from . import esp_sync, grub, initramfs
+from . import boot_status
 from .clihandler import Output
 
 # --- proxmox-boot-tool / update-grub / update-initramfs ---
+
+
+def _lazy(name: str) -> ModuleType:
+    """A sibling module, imported when a command needs it: `status` and `kernel list` run on
+    every deploy's read and need none of the ESP, GRUB and initramfs code."""
+    return importlib.import_module(f".{name}", __package__)
 
 
 def _collected(out: Output, script: Callable[[bf.Out], int | None]) -> int:
@@ -67,9 +74,9 @@ def _boot_tool(root: Path, argv: list[str], bo: bf.Out) -> int:
         return 1
     if cmd == "refresh":
         if not rest:
-            esp_sync.refresh(root, bo)
+            _lazy("esp_sync").refresh(root, bo)
         elif len(rest) == 2 and rest[0] == "--hook":
-            esp_sync.refresh(root, bo, rest[1])
+            _lazy("esp_sync").refresh(root, bo, rest[1])
         else:
             _boot_usage("refresh", bo)
             return 1
@@ -83,20 +90,20 @@ def _boot_tool(root: Path, argv: list[str], bo: bf.Out) -> int:
         sub, nargs = rest[0], len(rest)
         arg = rest[1] if nargs > 1 else ""
         if sub == "add":
-            bl.add_kernel(root, bo, arg)
+            _lazy("bootloader").add_kernel(root, bo, arg)
         elif sub == "remove":
-            bl.remove_kernel(root, bo, arg)
+            _lazy("bootloader").remove_kernel(root, bo, arg)
         elif sub == "list":
-            bl.list_kernels(root, bo)
+            boot_status.list_kernels(root, bo)
         elif sub == "pin" and nargs == 3 and rest[2] == "--next-boot":
-            bl.pin_kernel(root, bo, arg, next_boot=True)
+            _lazy("bootloader").pin_kernel(root, bo, arg, next_boot=True)
             bo.out("Pinned for next boot only.")
         elif sub == "pin" and nargs == 2:
-            bl.pin_kernel(root, bo, arg, next_boot=False)
+            _lazy("bootloader").pin_kernel(root, bo, arg, next_boot=False)
         elif sub == "unpin" and nargs == 2 and rest[1] == "--next-boot":
-            bl.unpin_kernel(root, bo, next_boot_only=True)
+            _lazy("bootloader").unpin_kernel(root, bo, next_boot_only=True)
         elif sub == "unpin" and nargs == 1:
-            bl.unpin_kernel(root, bo, next_boot_only=False)
+            _lazy("bootloader").unpin_kernel(root, bo, next_boot_only=False)
         elif sub in ("pin", "unpin"):
             _boot_usage("kernel", bo)
             return 1
@@ -108,9 +115,9 @@ def _boot_tool(root: Path, argv: list[str], bo: bf.Out) -> int:
         return 0
     if cmd == "status":
         if rest == ["--quiet"]:
-            bl.status(root, bo, quiet=True)
+            boot_status.status(root, bo, quiet=True)
         elif not rest:
-            bl.status(root, bo, quiet=False)
+            boot_status.status(root, bo, quiet=False)
         else:
             _boot_usage("status", bo)
             return 1
@@ -125,7 +132,7 @@ def _boot_tool(root: Path, argv: list[str], bo: bf.Out) -> int:
 
 
 def update_grub(root: Path, argv: list[str], out: Output) -> int:
-    return _collected(out, lambda bo: grub.update_grub(root, bo))
+    return _collected(out, lambda bo: _lazy("grub").update_grub(root, bo))
 
 
 INITRAMFS_USAGE = "Usage: update-initramfs {-c|-d|-u} [-k version] [-v] [-b directory]"
@@ -162,7 +169,7 @@ def update_initramfs(root: Path, argv: list[str], out: Output) -> int:
                 out.out(f"update-initramfs: Deleting /boot/initrd.img-{ver}")
                 initrd.unlink()
         return 0
-    return _collected(out, lambda bo: initramfs.update_initramfs(root, bo, mode, version))
+    return _collected(out, lambda bo: _lazy("initramfs").update_initramfs(root, bo, mode, version))
 
 
 def mkinitramfs(root: Path, argv: list[str], out: Output) -> int:
@@ -178,16 +185,18 @@ def mkinitramfs(root: Path, argv: list[str], out: Output) -> int:
         elif not arg.startswith("-") and version is None:
             version = arg
         else:
-            out.err(initramfs.MKINITRAMFS_USAGE)
+            out.err(_lazy("initramfs").MKINITRAMFS_USAGE)
             return 2
     if outfile is None:
-        out.err(initramfs.MKINITRAMFS_USAGE)
+        out.err(_lazy("initramfs").MKINITRAMFS_USAGE)
         return 2
     version = version or bf.running_kernel(root)
-    return _collected(out, lambda bo: initramfs.mkinitramfs(root, bo, outfile, version))
+    return _collected(out, lambda bo: _lazy("initramfs").mkinitramfs(root, bo, outfile, version))
 
 
 def kernel_hook(root: Path, argv: list[str], out: Output) -> int:
     """argv: <phase> <hook name> <version> [<image>] (run-parts passes version and image)."""
     phase, name, version = [*argv, "", "", ""][:3]
-    return _collected(out, lambda bo: bl.kernel_hook(root, bo, phase, name, version))
+    return _collected(
+        out, lambda bo: _lazy("bootloader").kernel_hook(root, bo, phase, name, version)
+    )

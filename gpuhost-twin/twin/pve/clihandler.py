@@ -7,9 +7,12 @@ parameter, then the short usage)."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-from . import bootloader as bl
 from .schema import ParamError, Prop, PveError, parse_boolean
+
+if TYPE_CHECKING:
+    from .boot_functions import Out
 
 
 class Output:
@@ -25,7 +28,7 @@ class Output:
     def err(self, line: str) -> None:
         self.stderr.append(line + "\n")
 
-    def take(self, bo: bl.Out) -> None:
+    def take(self, bo: Out) -> None:
         self.stdout += [line + "\n" for line in bo.stdout]
         self.stderr += [line + "\n" for line in bo.stderr]
 
