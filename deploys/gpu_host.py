@@ -48,7 +48,7 @@ def provision() -> None:
     context.refuse_unmet(plan, host)  # the token, driver files, stores: before any change
     trial_boot.preflight(plan)
     for _turn in rollout.turns(host):  # one host after another across a fleet: deploys/rollout.py
-        moving = plan.moving_guests  # GPUs move live (no reboot in this run): deploys/split.py
+        moving = split.moving(plan)  # GPUs move live (no reboot in this run): deploys/split.py
         if moving is not None:
             split.release(moving)
         trial_boot.before_install(name="Room for a new kernel; pin the running one", plan=plan)
@@ -65,9 +65,10 @@ def provision() -> None:
             reboot.reboot_if_needed(plan)
         else:  # the trial's reboot applies everything above too, and its gate checks it
             trial_boot.trial(plan)
-        # The IOMMU groups are the new kernel's now: the guests started above already had their
-        # mappings refreshed (deploys/guests.py); this is for the VMs that were not running.
-        vms.refresh_mappings(name="PCI mappings: the IOMMU groups after the reboot", plan=plan)
+        if plan.rebooting:  # without a reboot the groups are the running kernel's: nothing to do
+            # The IOMMU groups are the new kernel's now: the guests started above already had
+            # their mappings refreshed (deploys/guests.py); this is for the VMs not running.
+            vms.refresh_mappings(name="PCI mappings: the IOMMU groups after the reboot", plan=plan)
         containers.configure(plan)  # after any reboot: raw rules need that boot's majors
         readiness.start_held_guests(plan)  # the guests the readiness check held back, fixed now
         if moving is not None:

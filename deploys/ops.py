@@ -140,6 +140,18 @@ def files_as_planned(paths: list[str]):
     yield from ()
 
 
+@operation()
+def step_settled(message: str):
+    """
+    Report a step of the Plan that has nothing to do in this run, in one operation where its
+    operations would each report that they have nothing to do (see :func:`files_as_planned`).
+
+    + message: what the step found, e.g. "no reboot needed, no guest to bring back"
+    """
+    host.noop(message)
+    yield from ()
+
+
 def write_file(path: str, text: str) -> str:
     """Write a short text file (gpuhost's records) atomically: a temporary file renamed over
     the path, so a run killed in between leaves the old record or the new one, never half."""

@@ -22,11 +22,12 @@ from pyinfra.api.exceptions import DeployError
 
 from deploys.context import observed
 from deploys.guests import start_guests, stop_guests
-from deploys.ops import write_file
+from deploys.ops import step_settled, write_file
 from gpuhost.observe.files import BootId
 from gpuhost.observe.kernel import KernelBuildInfo, KernelCmdline
 from gpuhost.observe.pci import PciDevice, PciDevices
 from gpuhost.paths import STATE_DIR
+from gpuhost.plan.guests.power import RECORD as GUESTS_RECORD
 from gpuhost.plan.guests.power import GuestPower
 from gpuhost.plan.make import Plan
 
@@ -196,8 +197,27 @@ def pin_kernel(plan: Plan):
     yield f"proxmox-boot-tool kernel pin {release} && proxmox-boot-tool refresh"
 
 
+def settled(plan: Plan) -> bool:
+    """Nothing of this step to do: each of its operations' own no-op condition holds (no reboot
+    now, so no pin and no reboot; no reboot record left to clear; no guest recorded or planned
+    to bring back, and no boot to let settle)."""
+    managed = observed(host).managed
+    files = managed.files if managed is not None else {}
+    power = plan.guest_power
+    return (
+        not plan.reboot_now
+        and not plan.rebooting
+        and RECORD not in files
+        and GUESTS_RECORD not in files
+        and (power is None or not power.start)
+    )
+
+
 @deploy("Reboot when needed")
 def reboot_if_needed(plan: Plan) -> None:
+    if settled(plan):
+        step_settled(name="Reboot when needed", message="no reboot needed, no guest to bring back")
+        return
     pin_kernel(name="Keep the running kernel for the reboot", plan=plan)
     guests = plan.guest_power
     assert guests is not None  # a deploy's facts carry the guests' statuses

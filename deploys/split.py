@@ -18,10 +18,24 @@ the VMs' boards for vfio-pci; nothing is stopped here.
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 
+from deploys.context import observed
 from deploys.guests import start_guests, stop_guests
-from gpuhost.plan.guests.power import GuestPower
+from gpuhost.plan.guests.power import RECORD, GuestPower
+from gpuhost.plan.make import Plan
+
+
+def moving(plan: Plan) -> GuestPower | None:
+    """The Plan's guests to stop and start around a live move; None where this run has none to
+    stop or start and no record of an earlier run's to bring back (both operations would have
+    nothing to do: a converged run then spends no operation on them)."""
+    power = plan.moving_guests
+    if power is None or power.stop or power.start:
+        return power
+    managed = observed(host).managed
+    return power if managed is not None and RECORD in managed.files else None
 
 
 @deploy("Release the GPUs that move")
