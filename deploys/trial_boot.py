@@ -106,8 +106,14 @@ def _initramfs(plan: Plan) -> FollowUp:
     return next(f for f in plan.follow_ups if f.name == "initramfs")
 
 
-# The deadline's timer stops once the gate starts: its reboot must not cut a commit in two.
-DISARM = "systemctl stop gpuhost-trial-deadline.timer"
+# The deadline's timer and its backstop (files/gpuhost-trial-backstop) stop once the gate
+# starts: their reboot must not cut a commit in two.
+BACKSTOP_PID = "/run/gpuhost-trial-backstop.pid"
+DISARM = (
+    "systemctl stop gpuhost-trial-deadline.timer && "
+    f'if [ -s {BACKSTOP_PID} ]; then kill "$(cat {BACKSTOP_PID})" 2>/dev/null; '
+    f"rm -f {BACKSTOP_PID}; fi"
+)
 
 
 def _settle_cmdline(host, plan: Plan) -> None:

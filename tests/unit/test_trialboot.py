@@ -2,6 +2,7 @@
 proxmox-boot-tool outputs of tests/fixtures/proxmox/facts."""
 
 import shlex
+import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -337,8 +338,33 @@ def test_the_grub_trial_script_prints_its_entry_only_while_its_files_exist(
         f"menuentry 'gpuhost trial of Linux {NEW}' --class gnu-linux --class gnu --class os "
         f"$menuentry_id_option '{GRUB_TRIAL_ID}' {{"
     )
-    assert f"\tlinux\t/boot/vmlinuz-{NEW} {PLANNED_GRUB} panic=10 {TRIAL_MARK}" in lines
-    assert f"\tinitrd\t/boot/gpuhost-trial/initrd.img-{NEW}" in lines and lines[-1] == "}"
+    # a file GRUB cannot load (gone, or refused by shim) reboots into the default entry
+    assert (
+        f"\tif linux\t/boot/vmlinuz-{NEW} {PLANNED_GRUB} panic=10 {TRIAL_MARK}; then true; else"
+        in lines
+    )
+    assert f"\tif initrd\t/boot/gpuhost-trial/initrd.img-{NEW}; then true; else" in lines
+    assert lines.count("\t\treboot") == 2 and lines[-1] == "}"
+    _grub_script_check("\n".join(lines) + "\n", tmp_path)
+
+
+def _grub_script_check(text: str, tmp_path: Path) -> None:
+    """GRUB's own parser (grub-common's grub-script-check) accepts the entry."""
+    if shutil.which("grub-script-check") is None:
+        pytest.skip("grub-script-check (grub-common) is not installed")
+    cfg = tmp_path / "grub.cfg"
+    cfg.write_text(text)
+    done = subprocess.run(["grub-script-check", str(cfg)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_without_a_true_one_shot_the_grub_trial_entry_does_not_reboot(tmp_path: Path) -> None:
+    """Where GRUB cannot clear next_entry (grub-no-oneshot), a reboot from the entry would
+    start it again, forever: the entry stops at GRUB's prompt as before."""
+    text = grub_trial_script(NEW, f"{PLANNED_GRUB} {TRIAL_MARK}", back_on_failure=False)
+    entry = text.split("cat <<EOF\n", 1)[1].rsplit("EOF\n", 1)[0]
+    assert "reboot" not in entry and f"\tlinux\t$linux {PLANNED_GRUB} {TRIAL_MARK}\n" in entry
+    _grub_script_check(entry.replace("\\$", "$"), tmp_path)
 
 
 def test_grub_trial_options_are_what_10_linux_renders_from_the_planned_files() -> None:
@@ -411,6 +437,8 @@ def test_trial_command_line_and_deadline() -> None:
         "nmi_watchdog=panic",
         "hung_task_panic=1",
         TRIAL_MARK,
+        # the backstop (files/gpuhost-trial-backstop): after the timer's deadline, by boot time
+        f"gpuhost.trial_deadline={30 * 60 + 300}",
     )
     assert (trial.deadline_s, trial.before_deadline_reboot) == (30 * 60, ())
     assert trial.confirm[0] == f'test "$(uname -r)" = {NEW}'

@@ -240,7 +240,7 @@ def plan_trial_boot(
             "or the commit clears it; recovery from a trial boot that dies early needs the console"
         )
     refusal = "; ".join(problems) if problems else None
-    cmdline = trial_cmdline(panic_timeout)
+    cmdline = trial_cmdline(panic_timeout, deadline_minutes * 60)
     base = TrialBoot(
         method=method,
         running=running,
@@ -259,7 +259,15 @@ def plan_trial_boot(
     elif base.entry_options is not None:
         assert devid is not None
         on_esps = esps if method == "grub-esp" else ()
-        steps = grub_trial_steps(steps, running, kernel, devid, base.entry_options, on_esps)
+        steps = grub_trial_steps(
+            steps,
+            running,
+            kernel,
+            devid,
+            base.entry_options,
+            on_esps,
+            back_on_failure=method != "grub-no-oneshot",
+        )
     return TrialBoot(**{**base.__dict__, **steps})
 
 

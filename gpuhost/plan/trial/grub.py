@@ -55,12 +55,32 @@ def grub_trial_options(running: list[str], files: Mapping[str, str | None]) -> s
     return " ".join([*root, "ro", *(p.value for p in parsed.normal)])
 
 
-def grub_trial_script(kernel: str, options: str) -> str:
+# A trial entry whose kernel or initramfs GRUB cannot load (a file gone, or refused by shim
+# under Secure Boot: "bad shim signature") would stop at "Press any key to continue..." for
+# someone at the console. 00_header cleared next_entry before the menu (save_env), so a reboot
+# from the entry boots the default: the pinned, known-good kernel. GRUB's own `fallback` cannot
+# name that entry: it takes a top-level entry number (grub-core/normal/menu.c), and the pinned
+# kernel's entry sits in the "Advanced options" submenu.
+BACK_TO_DEFAULT = "gpuhost: the trial entry did not load; rebooting into the default entry"
+
+
+def _or_back(command: str, back: bool) -> str:
+    if not back:  # next_entry stays set where GRUB cannot clear it: a reboot would loop
+        return f"\t{command}\n"
+    return (
+        f"\tif {command}; then true; else\n\t\techo '{BACK_TO_DEFAULT}'\n"
+        "\t\tsleep 3\n\t\treboot\n\tfi\n"
+    )
+
+
+def grub_trial_script(kernel: str, options: str, back_on_failure: bool = True) -> str:
     """/etc/grub.d/45_gpuhost-trial: one top-level entry while the kernel image and the trial's
     initramfs exist under /boot, nothing otherwise (a leftover script never adds a broken
     entry). Paths as 10_linux makes them (make_system_path_relative_to_its_root): /boot/... on
     a root file system, /... on an ESP that proxmox-boot-tool's refresh bind-mounts on /boot.
-    ``options`` holds no shell or GRUB syntax (unsafe_options), so the heredoc may expand."""
+    ``options`` holds no shell or GRUB syntax (unsafe_options), so the heredoc may expand.
+    ``back_on_failure``: an entry that cannot load its files reboots (BACK_TO_DEFAULT); off
+    where GRUB cannot clear next_entry (grub-no-oneshot)."""
     image = f"/boot/vmlinuz-{kernel}"
     initrd = f"{TRIAL_INITRD_DIR}/initrd.img-{kernel}"
     return (
@@ -78,10 +98,10 @@ def grub_trial_script(kernel: str, options: str) -> str:
         f"\\$menuentry_id_option '{GRUB_TRIAL_ID}' {{\n"
         "\tinsmod gzio\n"
         f"\techo\t'Loading Linux {kernel} (gpuhost trial) ...'\n"
-        f"\tlinux\t$linux {options}\n"
-        "\techo\t'Loading initial ramdisk ...'\n"
-        "\tinitrd\t$initrd\n"
-        "}\n"
+        + _or_back(f"linux\t$linux {options}", back_on_failure)
+        + "\techo\t'Loading initial ramdisk ...'\n"
+        + _or_back("initrd\t$initrd", back_on_failure)
+        + "}\n"
         "EOF\n"
     )
 
@@ -93,6 +113,7 @@ def grub_trial_steps(
     devid: str,
     options: str,
     esps: tuple[str, ...] = (),
+    back_on_failure: bool = True,
 ) -> dict[str, object]:
     """GRUB: the trial boots gpuhost-trial (next_entry), the fallback is the pinned kernel's own
     entry, untouched; the commit writes the new configuration into the kernel's own entry and
@@ -124,7 +145,7 @@ def grub_trial_steps(
         f"rm -rf {TRIAL_INITRD_DIR} && mkdir -p {TRIAL_INITRD_DIR}",
         f"mkinitramfs -o {sh_quote(initrd)} {new}",
         *(on_esp(u, put) for u in esps),
-        f"printf %s {sh_quote(grub_trial_script(kernel, options))} > {script}.new && "
+        f"printf %s {sh_quote(grub_trial_script(kernel, options, back_on_failure))} > {script}.new && "
         f"chmod 755 {script}.new && mv -f {script}.new {script}",
         render,
         # the entry in each grub.cfg that boots, and the fallback still its default

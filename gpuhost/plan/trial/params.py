@@ -12,6 +12,12 @@ import shlex
 # parameter with a dot in its name (init/main.c unknown_bootoption: "Unused module parameter"),
 # so it reaches neither a module nor init.
 TRIAL_MARK = "gpuhost.trial=1"
+# The backstop deadline, seconds after boot (files/gpuhost-trial-backstop, an initramfs-tools
+# init-top script): a trial that never reaches timers.target (a prompt in the initramfs,
+# systemd's emergency or rescue mode) still reboots, with the kernel's SysRq. Later than the
+# deadline timer's, which reboots cleanly where userspace got that far.
+TRIAL_DEADLINE = "gpuhost.trial_deadline"
+BACKSTOP_GRACE_S = 300
 # The live sysctls the panic parameters set (Documentation/admin-guide/sysctl/kernel.rst:
 # panic_on_oops, softlockup_panic, hardlockup_panic, hung_task_panic); the commit puts them back.
 PANIC_SYSCTLS = {
@@ -22,10 +28,12 @@ PANIC_SYSCTLS = {
 }
 
 
-def trial_cmdline(panic_timeout: int) -> tuple[str, ...]:
-    """A trial kernel that panics, oopses, locks up or hangs a task reboots by itself (§3).
-    hung_task_panic is on the trial too: guests are stopped during it, so no storage load can
-    hold a task in D state for long on a healthy kernel."""
+def trial_cmdline(panic_timeout: int, deadline_s: int) -> tuple[str, ...]:
+    """A trial kernel that panics, oopses, locks up or hangs a task reboots by itself (§3),
+    and a trial whose userspace stops anywhere before its gate reboots ``BACKSTOP_GRACE_S``
+    after the deadline ``deadline_s`` at the latest. hung_task_panic is on the trial too: guests
+    are stopped during it, so no storage load can hold a task in D state for long on a healthy
+    kernel."""
     return (
         f"panic={panic_timeout}",
         "oops=panic",
@@ -33,11 +41,12 @@ def trial_cmdline(panic_timeout: int) -> tuple[str, ...]:
         "nmi_watchdog=panic",
         "hung_task_panic=1",
         TRIAL_MARK,
+        f"{TRIAL_DEADLINE}={deadline_s + BACKSTOP_GRACE_S}",
     )
 
 
 def trial_cmdline_names() -> tuple[str, ...]:
-    return tuple(p.split("=", 1)[0] for p in trial_cmdline(0))
+    return tuple(p.split("=", 1)[0] for p in trial_cmdline(0, 0))
 
 
 def panic_sysctls(cmdline: list[str]) -> dict[str, str]:
