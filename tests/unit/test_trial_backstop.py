@@ -1,0 +1,104 @@
+"""files/gpuhost-trial-backstop, the trial boot's backstop deadline from the initramfs, run by sh
+with its kernel files moved into a temporary directory and `sleep` recorded (the real boot is
+the vm tier's: tests/vm). It acts only on the trial entry's gpuhost.trial_deadline, waits until
+that many seconds after boot, then asks SysRq to sync, remount read-only and reboot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuhost.plan.driver.modconf import static_file
+from gpuhost.plan.trial.params import BACKSTOP_GRACE_S, TRIAL_DEADLINE, trial_cmdline
+
+SCRIPT = static_file("gpuhost-trial-backstop")
+HOOK = static_file("gpuhost-trial-backstop-hook")
+
+
+def _run(tmp_path: Path, cmdline: str, uptime: str = "42.17 80.00") -> Path:
+    for name in ("proc", "dev", "run", "bin"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    (tmp_path / "proc/cmdline").write_text(cmdline + "\n")
+    (tmp_path / "proc/uptime").write_text(uptime + "\n")
+    for name in ("proc/sysrq-trigger", "dev/kmsg"):
+        (tmp_path / name).write_text("")
+    sleep = tmp_path / "bin/sleep"
+    sleep.write_text(f'#!/bin/sh\necho "$1" >> {tmp_path}/slept\n')
+    sleep.chmod(0o755)
+    script = tmp_path / "backstop"
+    text = SCRIPT
+    for path in ("/proc/", "/dev/kmsg", "/run/"):
+        text = text.replace(path, f"{tmp_path}{path}")
+    script.write_text(text)
+    env = {"PATH": f"{tmp_path}/bin:/usr/bin:/bin"}
+    done = subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return tmp_path
+
+
+def _wait_for(path: Path, text: str) -> str:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never held {text!r}: {path.read_text() if path.exists() else ''}")
+
+
+def test_a_boot_without_the_trial_parameter_arms_nothing(tmp_path: Path) -> None:
+    root = _run(tmp_path, "BOOT_IMAGE=/boot/vmlinuz root=UUID=x ro gpuhost.trial=1")
+    assert not (root / "run/gpuhost-trial-backstop.pid").exists()
+    assert (root / "dev/kmsg").read_text() == "" and not (root / "slept").exists()
+
+
+@pytest.mark.parametrize("value", ["", "12x", "-5", "0x10"])
+def test_a_malformed_deadline_arms_nothing(tmp_path: Path, value: str) -> None:
+    root = _run(tmp_path, f"root=UUID=x {TRIAL_DEADLINE}={value}")
+    assert not (root / "run/gpuhost-trial-backstop.pid").exists()
+
+
+def test_the_trial_entry_arms_a_reboot_at_its_deadline_after_boot(tmp_path: Path) -> None:
+    params = trial_cmdline(10, 1200)
+    assert f"{TRIAL_DEADLINE}={1200 + BACKSTOP_GRACE_S}" in params
+    root = _run(tmp_path, " ".join(["root=UUID=x", "ro", *params]), uptime="42.17 80.00")
+    pid = int((root / "run/gpuhost-trial-backstop.pid").read_text())
+    assert pid > 1
+    # the wait counts from boot: 1500 s after it, 42 s have gone
+    assert _wait_for(root / "slept", "\n").splitlines()[0] == str(1200 + BACKSTOP_GRACE_S - 42)
+    kmsg = _wait_for(root / "dev/kmsg", "rebooting to the default entry")
+    assert "<5>gpuhost: trial boot: backstop reboot in 1458s unless gpuhost confirms it" in kmsg
+    assert "<3>gpuhost: trial boot not confirmed within 1500s of its start" in kmsg
+    # sync, remount read-only, reboot: through the file it opened before /proc moved
+    assert _wait_for(root / "proc/sysrq-trigger", "b\n") == "s\nu\nb\n"
+
+
+def test_a_deadline_already_past_reboots_at_once(tmp_path: Path) -> None:
+    root = _run(tmp_path, f"{TRIAL_DEADLINE}=30", uptime="95.50 1.00")
+    assert _wait_for(root / "slept", "\n").splitlines()[0] == "0"
+    _wait_for(root / "proc/sysrq-trigger", "b\n")
+
+
+def test_the_hook_copies_the_script_into_init_top(tmp_path: Path) -> None:
+    """As mkinitramfs runs it: hook-functions' copy_file puts the boot script at
+    scripts/init-top/ in DESTDIR, where mkinitramfs then orders it (initramfs-tools 0.142)."""
+    functions = tmp_path / "hook-functions"
+    functions.write_text(
+        'copy_file() { mkdir -p "$DESTDIR$(dirname "$3")"; cp "$2" "$DESTDIR$3"; }\n'
+    )
+    script = tmp_path / "trial-backstop"
+    script.write_text(SCRIPT)
+    hook = tmp_path / "hook"
+    hook.write_text(
+        HOOK.replace("/usr/share/initramfs-tools/hook-functions", str(functions)).replace(
+            "/usr/local/lib/gpuhost/trial-backstop", str(script)
+        )
+    )
+    dest = tmp_path / "dest"
+    env = {**os.environ, "DESTDIR": str(dest)}
+    assert subprocess.run(["sh", str(hook), "prereqs"], env=env, check=True).returncode == 0
+    subprocess.run(["sh", str(hook)], env=env, check=True)
+    assert (dest / "scripts/init-top/gpuhost-trial-backstop").read_text() == SCRIPT
