@@ -147,7 +147,7 @@ def _load_modules(hw: hwsim.Hw) -> None:
     kver = hw.kernel
     _builtin_drivers(hw)
     # 1. initramfs: its own copy of the module configuration and udev rules
-    record = _initramfs(hw, kver)
+    record = initramfs_of(hw, kver)
     if record is not None:
         files = record.get("files", {})
         early_conf = hw.modprobe_conf(
@@ -226,7 +226,7 @@ def _coldplug(hw: hwsim.Hw, conf: dict, rules: dict[str, str], available) -> Non
     _apply_udev_overrides(hw, rules)
 
 
-def _initramfs(hw: hwsim.Hw, kver: str) -> dict | None:
+def initramfs_of(hw: hwsim.Hw, kver: str) -> dict | None:
     """The initramfs the loader hands this kernel: the ESP copy recorded at the last refresh
     (bootcfg "initrd"), else /boot/initrd.img-<kver>; a JSON record of the module configuration
     written by the twin's update-initramfs ({"files": {path: text}}). Anything else (a real

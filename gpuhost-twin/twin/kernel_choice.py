@@ -54,7 +54,7 @@ import json
 import re
 from pathlib import Path
 
-from twin import hwsim
+from twin import boot_stop, hwsim
 from twin.hwsim import efivars, grubenv, storage
 from twin.profile import Profile
 
@@ -93,9 +93,12 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
             why = "zfs"  # the initramfs cannot import the root pool (hwsim/storage.py)
         if not why and "oops=panic" in cmdline.split():  # else the oops kills modules-load only
             why = gsp_mismatch(hw, kernel)
-        if not why:
+        if not why and not boot_stop.userspace_stop(cmdline):
             attempts.append({"kernel": kernel, "result": "booted"})
             return kernel, cmdline, attempts
+        if not why:  # userspace stops before anything can confirm the boot (twin/boot_stop.py)
+            _stopped(hw, kernel, cmdline, attempts)
+            continue
         hw.state["panic_log"] = panic_log(kernel, cmdline, why)
         timeout = panic_timeout(cmdline)
         if timeout <= 0:
@@ -106,6 +109,26 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
     _record(hw, attempts)
     raise BrickedError(
         f"reboot loop: the loader keeps booting {attempts[-1]['kernel']}, which panics: host bricked"
+    )
+
+
+def _stopped(hw: hwsim.Hw, kernel: str, cmdline: str, attempts: list[dict]) -> None:
+    """A boot whose systemd stops in emergency or rescue mode: gpuhost's backstop reboots it
+    (into whatever the loader picks next, the one-shot consumed) where the trial armed it in
+    this boot's initramfs; otherwise it waits for the console."""
+    from twin.boot_modules import initramfs_of  # it imports this module
+
+    stop = boot_stop.userspace_stop(cmdline)
+    deadline = boot_stop.backstop_deadline(cmdline, initramfs_of(hw, kernel))
+    hw.state["panic_log"] = boot_stop.stop_log(kernel, cmdline, stop, deadline)
+    if deadline is None:
+        attempts.append({"kernel": kernel, "result": f"stopped in {stop}; waits at the console"})
+        _record(hw, attempts)
+        raise BrickedError(
+            f"kernel {kernel} stops in systemd's {stop} and waits for someone at the console"
+        )
+    attempts.append(
+        {"kernel": kernel, "result": f"stopped in {stop}; rebooted by the backstop ({deadline} s)"}
     )
 
 

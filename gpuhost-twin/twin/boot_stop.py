@@ -1,0 +1,68 @@
+"""Where a booted kernel's userspace stops before anything can confirm it (stdlib plus twin).
+
+systemd boots rescue.target or emergency.target instead of the default when the command line
+says so (systemd's man/kernel-command-line.xml: `emergency`, `-b` and `rescue`, `single`, `s`,
+`S`, `1`, and `systemd.unit=`): no sshd, no timers.target, so neither gpuhost's gate nor its
+deadline timer (gpuhost-trial-deadline.timer, WantedBy=timers.target) ever runs, and the host
+waits for someone at the console. What brings such a trial back is gpuhost's backstop: an
+initramfs-tools init-top script that gpuhost's hook copies into the initramfs
+(files/gpuhost-trial-backstop, -hook), armed by gpuhost.trial_deadline=<s> on the trial entry,
+which reboots by SysRq that many seconds after boot (proven on real systemd in tests/vm). The
+twin's initramfs is a record of /etc/initramfs-tools (twin.pve.initramfs: hooks are read, not
+run), so the backstop is in a boot's initramfs when gpuhost's hook was there when it was made.
+"""
+
+from __future__ import annotations
+
+import re
+
+BACKSTOP_HOOK = "/etc/initramfs-tools/hooks/gpuhost-trial-backstop"
+_RESCUE = {"rescue", "single", "s", "S", "1"}
+_EMERGENCY = {"emergency", "-b"}
+
+
+def userspace_stop(cmdline: str) -> str:
+    """The target systemd stops in for this command line ('' when it boots normally); the
+    last systemd.unit= wins, as systemd parses the line in order."""
+    stop = ""
+    for word in cmdline.split():
+        if word in _EMERGENCY:
+            stop = "emergency mode"
+        elif word in _RESCUE:
+            stop = "rescue mode"
+        elif word.startswith("systemd.unit="):
+            unit = word.removeprefix("systemd.unit=")
+            stop = {"emergency.target": "emergency mode", "rescue.target": "rescue mode"}.get(
+                unit, ""
+            )
+    return stop
+
+
+def backstop_deadline(cmdline: str, initramfs: dict | None) -> int | None:
+    """Seconds after boot at which gpuhost's backstop reboots this boot, or None: not armed
+    (no gpuhost.trial_deadline=<digits> on the line, or an initramfs made without the hook)."""
+    found = re.findall(r"(?:^|\s)gpuhost\.trial_deadline=(\S*)", cmdline)
+    value = found[-1] if found else ""
+    files = (initramfs or {}).get("files") or {}
+    if not value.isdigit() or BACKSTOP_HOOK not in files:
+        return None
+    return int(value)
+
+
+def stop_log(kernel: str, cmdline: str, stop: str, deadline: int | None) -> list[str]:
+    """The previous boot's log (`journalctl -b -1 -k`) of a boot that stopped in ``stop``."""
+    lines = [f"Linux version {kernel}", f"Command line: {cmdline}"]
+    if deadline is not None:
+        lines.append(
+            f"gpuhost: trial boot: backstop reboot in {deadline}s unless gpuhost confirms it"
+        )
+    lines.append(f"systemd[1]: Started {stop.capitalize().replace(' mode', ' Shell')}.")
+    if deadline is not None:
+        lines += [
+            f"gpuhost: trial boot not confirmed within {deadline}s of its start: rebooting to "
+            "the default entry",
+            "sysrq: Emergency Sync",
+            "sysrq: Emergency Remount R/O",
+            "sysrq: Resetting",
+        ]
+    return lines

@@ -1,0 +1,94 @@
+"""A trial whose systemd stops in emergency or rescue mode (twin/boot_stop.py): no sshd and no
+timers.target, so only gpuhost's backstop in the trial's initramfs brings it back (the real
+boot: tests/vm/test_trial_backstop.py). On the twin's GRUB-on-ESP profile: the trial entry is a
+top-level menu entry of gpuhost's (next_entry, a true one-shot there), the default the pinned
+kernel's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from twin import boot, pve
+from twin import hwtesting as ht
+from twin.boot_stop import BACKSTOP_HOOK, backstop_deadline, userspace_stop
+from twin.hwsim import grubenv
+from twin.hwtesting import read, refresh, state
+from twin.kernel_choice import ESP_DIR
+from twin.profile import Boot, load_profile
+from twin.pve import cli
+
+OLD = "6.8.12-9-pve"
+ESP = "9B1C-4F2A"
+GRUB_TEXT = 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n'
+
+
+def _trial_root(tmp_path: Path, options: str, with_hook: bool) -> tuple[Path, object]:
+    prof = load_profile("kpro6").model_copy(
+        update={
+            "boot": Boot(firmware="uefi", loader="grub", default_grub=GRUB_TEXT, grub_on_esp=True)
+        }
+    )
+    root = ht.make_root(tmp_path, prof)
+    pve.install(root, prof)
+    cli.run("proxmox-boot-tool", ["kernel", "pin", OLD], root)
+    cli.run("proxmox-boot-tool", ["refresh"], root)
+    ht.boot_root(root, prof)
+    esp = root / ESP_DIR / ESP
+    files = {BACKSTOP_HOOK: "copy_file script ...\n"} if with_hook else {}
+    ht.write(root, f"{ESP_DIR}/{ESP}/gpuhost-trial/initrd.img-{OLD}", json.dumps({"files": files}))
+    menu = {
+        "gpuhost-trial": {
+            "title": f"gpuhost trial of Linux {OLD}",
+            "linux": f"/vmlinuz-{OLD}",
+            "options": options,
+            "initrd": f"/gpuhost-trial/initrd.img-{OLD}",
+        }
+    }
+    refresh(root, menu=menu)
+    grubenv.write(esp / "grub/grubenv", {"next_entry": "gpuhost-trial"})
+    return root, prof
+
+
+@pytest.mark.parametrize("stop", ["systemd.unit=emergency.target", "emergency", "single"])
+def test_a_trial_stopped_before_its_gate_comes_back_through_the_backstop(
+    tmp_path: Path, stop: str
+) -> None:
+    options = (
+        f"root=ZFS=rpool/ROOT/pve-1 boot=zfs {stop} gpuhost.trial=1 gpuhost.trial_deadline=1500"
+    )
+    root, prof = _trial_root(tmp_path, options, with_hook=True)
+    ht.boot_root(root, prof)
+    assert state(root)["kernel"] == OLD
+    assert "gpuhost.trial=1" not in state(root)["cmdline"]  # the default entry, not the trial's
+    mode = userspace_stop(options)
+    assert state(root)["boot_attempts"][0] == {
+        "kernel": OLD,
+        "result": f"stopped in {mode}; rebooted by the backstop (1500 s)",
+    }
+    log = ht.run(root, "journalctl", "-b", "-1", "-k").stdout
+    assert "gpuhost: trial boot not confirmed within 1500s of its start" in log
+
+
+def test_without_the_backstop_in_its_initramfs_the_trial_waits_for_the_console(
+    tmp_path: Path,
+) -> None:
+    """The deadline timer alone cannot help: timers.target is never reached."""
+    options = "root=ZFS=rpool/ROOT/pve-1 boot=zfs systemd.unit=rescue.target gpuhost.trial=1 gpuhost.trial_deadline=1500"
+    root, prof = _trial_root(tmp_path, options, with_hook=False)
+    with pytest.raises(boot.BrickedError, match="rescue mode and waits for someone at the console"):
+        ht.boot_root(root, prof)
+    assert read(root, "var/lib/gpuhost-twin/hw.json")
+
+
+def test_what_stops_and_what_arms() -> None:
+    assert userspace_stop("root=x ro quiet") == ""
+    assert userspace_stop("systemd.unit=rescue.target systemd.unit=multi-user.target") == ""
+    assert userspace_stop("systemd.unit=multi-user.target -b") == "emergency mode"
+    armed = {"files": {BACKSTOP_HOOK: ""}}
+    assert backstop_deadline("gpuhost.trial_deadline=90", armed) == 90
+    assert backstop_deadline("gpuhost.trial_deadline=9x", armed) is None
+    assert backstop_deadline("gpuhost.trial_deadline=90", {"files": {}}) is None
+    assert backstop_deadline("gpuhost.trial=1", armed) is None
