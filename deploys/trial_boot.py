@@ -31,6 +31,7 @@ from gpuhost.observe.files import BootId
 from gpuhost.plan.guests.power import GuestPower
 from gpuhost.plan.make import Plan
 from gpuhost.plan.model import FollowUp
+from gpuhost.plan.trial.backstop import disarm
 from gpuhost.plan.trial.params import TRIAL_MARK, settle_commands
 from gpuhost.plan.trial.state import RECORD, Step, TrialRecord, failed_message
 from gpuhost.spec.inventory import SOURCE_KEY, SPEC_KEY
@@ -108,12 +109,7 @@ def _initramfs(plan: Plan) -> FollowUp:
 
 # The deadline's timer and its backstop (files/gpuhost-trial-backstop) stop once the gate
 # starts: their reboot must not cut a commit in two.
-BACKSTOP_PID = "/run/gpuhost-trial-backstop.pid"
-DISARM = (
-    "systemctl stop gpuhost-trial-deadline.timer && "
-    f'if [ -s {BACKSTOP_PID} ]; then kill "$(cat {BACKSTOP_PID})" 2>/dev/null; '
-    f"rm -f {BACKSTOP_PID}; fi"
-)
+DISARM = f"systemctl stop gpuhost-trial-deadline.timer && {disarm()}"
 
 
 def _settle_cmdline(host, plan: Plan) -> None:

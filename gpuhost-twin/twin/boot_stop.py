@@ -5,18 +5,21 @@ says so (systemd's man/kernel-command-line.xml: `emergency`, `-b` and `rescue`, 
 `S`, `1`, and `systemd.unit=`): no sshd, no timers.target, so neither gpuhost's gate nor its
 deadline timer (gpuhost-trial-deadline.timer, WantedBy=timers.target) ever runs, and the host
 waits for someone at the console. What brings such a trial back is gpuhost's backstop: an
-initramfs-tools init-top script that gpuhost's hook copies into the initramfs
-(files/gpuhost-trial-backstop, -hook), armed by gpuhost.trial_deadline=<s> on the trial entry,
-which reboots by SysRq that many seconds after boot (proven on real systemd in tests/vm). The
-twin's initramfs is a record of /etc/initramfs-tools (twin.pve.initramfs: hooks are read, not
-run), so the backstop is in a boot's initramfs when gpuhost's hook was there when it was made.
+initramfs-tools init-top script in /etc/initramfs-tools/scripts (files/gpuhost-trial-backstop),
+armed by gpuhost.trial_deadline=<s> on the trial entry, which reboots by SysRq that many seconds
+after boot (proven on real systemd in tests/vm). The twin's initramfs is a record of
+/etc/initramfs-tools (twin.pve.initramfs), so the backstop is in a boot's initramfs when the
+script was there when it was made. Only there: mkinitramfs orders each scripts/ directory of the
+image from the scripts it finds under /etc/initramfs-tools/scripts and
+/usr/share/initramfs-tools/scripts (initramfs-tools 0.142 hook-functions, get_source and
+set_initlist), so a script that a hook copied into the image is never run.
 """
 
 from __future__ import annotations
 
 import re
 
-BACKSTOP_HOOK = "/etc/initramfs-tools/hooks/gpuhost-trial-backstop"
+BACKSTOP_SCRIPT = "/etc/initramfs-tools/scripts/init-top/gpuhost-trial-backstop"
 _RESCUE = {"rescue", "single", "s", "S", "1"}
 _EMERGENCY = {"emergency", "-b"}
 
@@ -40,11 +43,11 @@ def userspace_stop(cmdline: str) -> str:
 
 def backstop_deadline(cmdline: str, initramfs: dict | None) -> int | None:
     """Seconds after boot at which gpuhost's backstop reboots this boot, or None: not armed
-    (no gpuhost.trial_deadline=<digits> on the line, or an initramfs made without the hook)."""
+    (no gpuhost.trial_deadline=<digits> on the line, or an initramfs made without the script)."""
     found = re.findall(r"(?:^|\s)gpuhost\.trial_deadline=(\S*)", cmdline)
     value = found[-1] if found else ""
     files = (initramfs or {}).get("files") or {}
-    if not value.isdigit() or BACKSTOP_HOOK not in files:
+    if not value.isdigit() or BACKSTOP_SCRIPT not in files:
         return None
     return int(value)
 

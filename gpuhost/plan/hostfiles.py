@@ -57,8 +57,6 @@ def host_files(
         (modconf.TRIAL_SCRIPT, "gpuhost-trial-deadline", "755"),
         (modconf.TRIAL_UNIT, "gpuhost-trial-deadline.service", "644"),
         (modconf.TRIAL_TIMER, "gpuhost-trial-deadline.timer", "644"),
-        (modconf.TRIAL_BACKSTOP, "gpuhost-trial-backstop", "755"),
-        (modconf.TRIAL_BACKSTOP_HOOK, "gpuhost-trial-backstop-hook", "755"),
         (modconf.TRIAL_HOLD_SCRIPT, "gpuhost-trial-hold", "755"),
         (modconf.TRIAL_HOLD_DROPIN, "gpuhost-trial-hold.conf", "644"),
     ):

@@ -13,7 +13,7 @@ import pytest
 
 from twin import boot, pve
 from twin import hwtesting as ht
-from twin.boot_stop import BACKSTOP_HOOK, backstop_deadline, userspace_stop
+from twin.boot_stop import BACKSTOP_SCRIPT, backstop_deadline, userspace_stop
 from twin.hwsim import grubenv
 from twin.hwtesting import read, refresh, state
 from twin.kernel_choice import ESP_DIR
@@ -25,7 +25,7 @@ ESP = "9B1C-4F2A"
 GRUB_TEXT = 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n'
 
 
-def _trial_root(tmp_path: Path, options: str, with_hook: bool) -> tuple[Path, object]:
+def _trial_root(tmp_path: Path, options: str, with_backstop: bool) -> tuple[Path, object]:
     prof = load_profile("kpro6").model_copy(
         update={
             "boot": Boot(firmware="uefi", loader="grub", default_grub=GRUB_TEXT, grub_on_esp=True)
@@ -37,7 +37,7 @@ def _trial_root(tmp_path: Path, options: str, with_hook: bool) -> tuple[Path, ob
     cli.run("proxmox-boot-tool", ["refresh"], root)
     ht.boot_root(root, prof)
     esp = root / ESP_DIR / ESP
-    files = {BACKSTOP_HOOK: "copy_file script ...\n"} if with_hook else {}
+    files = {BACKSTOP_SCRIPT: "#!/bin/sh\n"} if with_backstop else {}
     ht.write(root, f"{ESP_DIR}/{ESP}/gpuhost-trial/initrd.img-{OLD}", json.dumps({"files": files}))
     menu = {
         "gpuhost-trial": {
@@ -59,7 +59,7 @@ def test_a_trial_stopped_before_its_gate_comes_back_through_the_backstop(
     options = (
         f"root=ZFS=rpool/ROOT/pve-1 boot=zfs {stop} gpuhost.trial=1 gpuhost.trial_deadline=1500"
     )
-    root, prof = _trial_root(tmp_path, options, with_hook=True)
+    root, prof = _trial_root(tmp_path, options, with_backstop=True)
     ht.boot_root(root, prof)
     assert state(root)["kernel"] == OLD
     assert "gpuhost.trial=1" not in state(root)["cmdline"]  # the default entry, not the trial's
@@ -77,7 +77,7 @@ def test_without_the_backstop_in_its_initramfs_the_trial_waits_for_the_console(
 ) -> None:
     """The deadline timer alone cannot help: timers.target is never reached."""
     options = "root=ZFS=rpool/ROOT/pve-1 boot=zfs systemd.unit=rescue.target gpuhost.trial=1 gpuhost.trial_deadline=1500"
-    root, prof = _trial_root(tmp_path, options, with_hook=False)
+    root, prof = _trial_root(tmp_path, options, with_backstop=False)
     with pytest.raises(boot.BrickedError, match="rescue mode and waits for someone at the console"):
         ht.boot_root(root, prof)
     assert read(root, "var/lib/gpuhost-twin/hw.json")
@@ -87,7 +87,7 @@ def test_what_stops_and_what_arms() -> None:
     assert userspace_stop("root=x ro quiet") == ""
     assert userspace_stop("systemd.unit=rescue.target systemd.unit=multi-user.target") == ""
     assert userspace_stop("systemd.unit=multi-user.target -b") == "emergency mode"
-    armed = {"files": {BACKSTOP_HOOK: ""}}
+    armed = {"files": {BACKSTOP_SCRIPT: ""}}
     assert backstop_deadline("gpuhost.trial_deadline=90", armed) == 90
     assert backstop_deadline("gpuhost.trial_deadline=9x", armed) is None
     assert backstop_deadline("gpuhost.trial_deadline=90", {"files": {}}) is None

@@ -5,7 +5,6 @@ that many seconds after boot, then asks SysRq to sync, remount read-only and reb
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +15,6 @@ from gpuhost.plan.driver.modconf import static_file
 from gpuhost.plan.trial.params import BACKSTOP_GRACE_S, TRIAL_DEADLINE, trial_cmdline
 
 SCRIPT = static_file("gpuhost-trial-backstop")
-HOOK = static_file("gpuhost-trial-backstop-hook")
 
 
 def _run(tmp_path: Path, cmdline: str, uptime: str = "42.17 80.00") -> Path:
@@ -80,25 +78,3 @@ def test_a_deadline_already_past_reboots_at_once(tmp_path: Path) -> None:
     root = _run(tmp_path, f"{TRIAL_DEADLINE}=30", uptime="95.50 1.00")
     assert _wait_for(root / "slept", "\n").splitlines()[0] == "0"
     _wait_for(root / "proc/sysrq-trigger", "b\n")
-
-
-def test_the_hook_copies_the_script_into_init_top(tmp_path: Path) -> None:
-    """As mkinitramfs runs it: hook-functions' copy_file puts the boot script at
-    scripts/init-top/ in DESTDIR, where mkinitramfs then orders it (initramfs-tools 0.142)."""
-    functions = tmp_path / "hook-functions"
-    functions.write_text(
-        'copy_file() { mkdir -p "$DESTDIR$(dirname "$3")"; cp "$2" "$DESTDIR$3"; }\n'
-    )
-    script = tmp_path / "trial-backstop"
-    script.write_text(SCRIPT)
-    hook = tmp_path / "hook"
-    hook.write_text(
-        HOOK.replace("/usr/share/initramfs-tools/hook-functions", str(functions)).replace(
-            "/usr/local/lib/gpuhost/trial-backstop", str(script)
-        )
-    )
-    dest = tmp_path / "dest"
-    env = {**os.environ, "DESTDIR": str(dest)}
-    assert subprocess.run(["sh", str(hook), "prereqs"], env=env, check=True).returncode == 0
-    subprocess.run(["sh", str(hook)], env=env, check=True)
-    assert (dest / "scripts/init-top/gpuhost-trial-backstop").read_text() == SCRIPT

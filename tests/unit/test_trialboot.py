@@ -20,7 +20,8 @@ from gpuhost.plan.trial.grub import (
     grub_trial_options,
     grub_trial_script,
 )
-from gpuhost.plan.trial.params import TRIAL_MARK, panic_sysctls, settle_commands
+from gpuhost.plan.trial.backstop import BACKSTOP_SCRIPT, drop_backstop
+from gpuhost.plan.trial.params import TRIAL_DEADLINE, TRIAL_MARK, panic_sysctls, settle_commands
 from tests.unit.conftest import proxmox
 
 OLD, NEW = "6.8.12-9-pve", "6.14.8-2-bpo12-pve"
@@ -101,8 +102,9 @@ def test_systemd_boot_one_shot_and_read_back() -> None:
         assert f'"$M/loader/entries/proxmox-{NEW}.conf"' in check
         assert f"proxmox-{OLD}.conf" in check  # the default is still the old kernel
     # the trial's own initramfs, beside the one update-initramfs keeps, then its entry per ESP
-    assert trial.prepare[6] == f"mkinitramfs -o /boot/gpuhost-trial/initrd.img-{NEW} {NEW}"
-    assert sum(TRIAL_ENTRY in c for c in trial.prepare[7:]) == 2
+    assert BACKSTOP_SCRIPT in trial.prepare[6]  # in the trial's initramfs (test below)
+    assert trial.prepare[7] == f"mkinitramfs -o /boot/gpuhost-trial/initrd.img-{NEW} {NEW}"
+    assert sum(TRIAL_ENTRY in c for c in trial.prepare[8:]) == 2
     oneshot = trial.oneshot
     clear = oneshot.index('bootctl set-default ""')
     assert oneshot.index(f"bootctl set-oneshot {TRIAL_ENTRY}") > clear
@@ -116,7 +118,7 @@ def test_systemd_boot_one_shot_and_read_back() -> None:
     assert f"test ! -e /sys/firmware/efi/efivars/LoaderEntryOneShot-{G}" in trial.confirm
     assert trial.confirm[-1] == f"grep -qw {TRIAL_MARK} /proc/cmdline"
     # commit: the target kernel's initramfs only, pin the new kernel, keep the old one synced
-    assert trial.commit[0] == f"update-initramfs -u -k {NEW}"
+    assert trial.commit[:2] == (drop_backstop(), f"update-initramfs -u -k {NEW}")
     assert not any("-k all" in c for c in trial.commit)
     pin = trial.commit.index(f"proxmox-boot-tool kernel pin {NEW}")
     assert trial.commit[pin + 1 : pin + 4] == (
@@ -126,7 +128,7 @@ def test_systemd_boot_one_shot_and_read_back() -> None:
     )
     # the kernel's own entry is the default after it; the trial entry goes from every ESP
     assert sum(f"proxmox-{NEW}.conf" in c for c in trial.commit) == 2
-    assert trial.commit[-1] == "rm -rf /boot/gpuhost-trial"
+    assert trial.commit[-2:] == ("rm -rf /boot/gpuhost-trial", drop_backstop())
     assert sum(TRIAL_ENTRY in c and "rm -rf" in c for c in trial.abandon) == 2
 
 
@@ -142,11 +144,15 @@ def test_a_new_command_line_on_the_running_kernel_is_a_trial_too() -> None:
     trial = systemd_boot(running=NEW)
     assert trial.can_apply and trial.same_kernel and trial.entry == TRIAL_ENTRY
     assert not any("kernel add" in c or "kernel remove" in c for c in every_command(trial))
-    assert trial.commit[:2] == (f"update-initramfs -u -k {NEW}", "proxmox-boot-tool refresh")
+    assert trial.commit[:3] == (
+        drop_backstop(),
+        f"update-initramfs -u -k {NEW}",
+        "proxmox-boot-tool refresh",
+    )
     # plain GRUB: its own trial entry too, the commit rebuilds the target's initramfs only
     grub = grub_plain(running=NEW)
     assert grub.can_apply and grub.same_kernel and grub.entry == GRUB_TRIAL_ID
-    assert grub.commit[0] == f"update-initramfs -u -k {NEW}"
+    assert grub.commit[:2] == (drop_backstop(), f"update-initramfs -u -k {NEW}")
     # GRUB on the ESPs: the same entry on every ESP; no kernel pin moves, none is added/removed
     esp = grub_esp(running=NEW)
     assert esp.can_apply and esp.entry == GRUB_TRIAL_ID
@@ -297,7 +303,7 @@ def test_plain_grub_on_a_partition_has_a_one_shot() -> None:
         f"grep -qF 'set default=\"{grub_entry(OLD, PLAIN_DEVID)}\"' /boot/grub/grub.cfg",
     )
     # commit: the target's initramfs, the entry gone, then the new kernel pinned as default
-    assert trial.commit[0] == f"update-initramfs -u -k {NEW}"
+    assert trial.commit[:2] == (drop_backstop(), f"update-initramfs -u -k {NEW}")
     assert not any("-k all" in c for c in every_command(trial))
     pin = trial.commit.index(f"proxmox-boot-tool kernel pin {NEW}")
     assert trial.commit.index("rm -rf /boot/gpuhost-trial") < pin
@@ -465,3 +471,20 @@ def test_values_from_the_host_are_checked_before_reaching_a_shell() -> None:
     assert not trial.can_apply and "gnulinux-advanced-<id>" in (trial.refusal or "")
     bad = plan_trial_boot("6.8.12-9-pve; reboot", NEW, path, UNCONFIGURED)
     assert "not a Proxmox kernel release" in (bad.refusal or "")
+
+
+@pytest.mark.parametrize("make", [systemd_boot, grub_esp, grub_plain])
+def test_the_backstop_is_in_the_trial_initramfs_only_for_the_trial(make) -> None:
+    """Written (executable, under /etc/initramfs-tools/scripts, where mkinitramfs orders it)
+    right before the trial's initramfs is made; gone before the commit rebuilds the kernel's own
+    initramfs, and after an abandon (gpuhost/plan/trial/backstop.py)."""
+    trial = make(running=NEW)  # a new command line on the running kernel: a trial entry
+    prepare = list(trial.prepare)
+    write = next(i for i, c in enumerate(prepare) if BACKSTOP_SCRIPT in c and "printf" in c)
+    made = next(i for i, c in enumerate(prepare) if c.startswith("mkinitramfs -o"))
+    assert write < made and "chmod 755" in prepare[write]
+    commit = list(trial.commit)
+    dropped = commit.index(drop_backstop())
+    assert dropped < next(i for i, c in enumerate(commit) if c.startswith("update-initramfs"))
+    assert drop_backstop() in trial.abandon
+    assert TRIAL_DEADLINE in (trial.entry_options or "")

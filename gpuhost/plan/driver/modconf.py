@@ -24,12 +24,6 @@ TRIAL_SCRIPT = f"{LIB_DIR}/trial-deadline"
 TRIAL_UNIT = "/etc/systemd/system/gpuhost-trial-deadline.service"
 TRIAL_TIMER = "/etc/systemd/system/gpuhost-trial-deadline.timer"
 TRIAL_WANTS = "/etc/systemd/system/timers.target.wants/gpuhost-trial-deadline.timer"
-# Its backstop, for a trial that never reaches timers.target: a boot script that the hook puts
-# into every initramfs mkinitramfs makes from now on (the trial's own included) as an init-top
-# script, idle without the trial entry's gpuhost.trial_deadline parameter. The fallback's
-# initramfs need not carry it, so a change to either is no reason to rebuild one.
-TRIAL_BACKSTOP = f"{LIB_DIR}/trial-backstop"
-TRIAL_BACKSTOP_HOOK = "/etc/initramfs-tools/hooks/gpuhost-trial-backstop"
 # pve-guests.service waits on a trial boot until the commit (files/gpuhost-trial-hold).
 TRIAL_HOLD_SCRIPT = f"{LIB_DIR}/trial-hold"
 TRIAL_HOLD_DROPIN = "/etc/systemd/system/pve-guests.service.d/gpuhost-trial-hold.conf"

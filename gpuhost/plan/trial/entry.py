@@ -5,6 +5,7 @@ run by deploys/trial_boot.py."""
 
 from __future__ import annotations
 
+from gpuhost.plan.trial.backstop import drop_backstop, write_backstop
 from gpuhost.plan.trial.esp import default_is, on_esp, sh_quote, systemd_boot_entry
 from gpuhost.plan.trial.params import TRIAL_MARK
 
@@ -44,17 +45,18 @@ def trial_entry_steps(
         f'printf %s {sh_quote(text)} > "$M/loader/entries/{TRIAL_ENTRY}.new" && '
         f'mv -f "$M/loader/entries/{TRIAL_ENTRY}.new" "$M/loader/entries/{TRIAL_ENTRY}"'
     )
-    tidy = [on_esp(u, drop) for u in esps] + [f"rm -rf {TRIAL_INITRD_DIR}"]
+    tidy = [on_esp(u, drop) for u in esps] + [f"rm -rf {TRIAL_INITRD_DIR}", drop_backstop()]
     prepare = [
         *steps["prepare"],  # type: ignore[misc]
         f"rm -rf {TRIAL_INITRD_DIR} && mkdir -p {TRIAL_INITRD_DIR}",
+        write_backstop(),  # into the trial's initramfs (gpuhost/plan/trial/backstop.py)
         f"mkinitramfs -o {sh_quote(initrd)} {new}",
         *(on_esp(u, put) for u in esps),
     ]
     confirm = [*steps["confirm"], f"grep -qw {sh_quote(TRIAL_MARK)} /proc/cmdline"]  # type: ignore[misc]
     # The tested configuration becomes the kernel's own: its initramfs rebuilt from the same
     # files (the target kernel's only), then pinned and synced; the trial entry goes.
-    commit = [f"update-initramfs -u -k {new}"]
+    commit = [drop_backstop(), f"update-initramfs -u -k {new}"]
     if kernel == running:
         commit += ["proxmox-boot-tool refresh"]
         commit += [on_esp(u, default_is(systemd_boot_entry(kernel))) for u in esps]

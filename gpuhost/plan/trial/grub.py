@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from gpuhost.observe.boot import GRUB_CFG
 from gpuhost.plan.boot import grub as grubconf
 from gpuhost.plan.trial.entry import TRIAL_INITRD_DIR
+from gpuhost.plan.trial.backstop import drop_backstop, write_backstop
 from gpuhost.plan.trial.esp import grub_default_is, grub_entry, on_esp, sh_quote
 from gpuhost.plan.trial.params import TRIAL_MARK
 
@@ -139,10 +140,11 @@ def grub_trial_steps(
     put = f'{drop} && mkdir -p "$M/{on_esps}" && cp {sh_quote(initrd)} "$M/{on_esps}/"'
     render = "proxmox-boot-tool refresh" if esps else "update-grub"
     tidy = [f"rm -f {script} {script}.new", *(on_esp(u, drop) for u in esps)]
-    tidy += [f"rm -rf {TRIAL_INITRD_DIR}", render]
+    tidy += [f"rm -rf {TRIAL_INITRD_DIR}", drop_backstop(), render]
     prepare = [
         *steps["prepare"],  # type: ignore[misc]
         f"rm -rf {TRIAL_INITRD_DIR} && mkdir -p {TRIAL_INITRD_DIR}",
+        write_backstop(),  # into the trial's initramfs (gpuhost/plan/trial/backstop.py)
         f"mkinitramfs -o {sh_quote(initrd)} {new}",
         *(on_esp(u, put) for u in esps),
         f"printf %s {sh_quote(grub_trial_script(kernel, options, back_on_failure))} > {script}.new && "
@@ -157,6 +159,7 @@ def grub_trial_steps(
     else:
         core = list(steps["commit"])  # type: ignore[call-overload]
     commit = [
+        drop_backstop(),
         f"update-initramfs -u -k {new}",
         *tidy,
         *core,
