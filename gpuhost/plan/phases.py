@@ -41,7 +41,7 @@ from gpuhost.plan.p2p import plan_p2p
 from gpuhost.plan.reasons import next_boot_kernel, pin_running_kernel, reboot_reasons
 from gpuhost.plan.trial.boot import TrialBoot, trial_entry_method
 from gpuhost.plan.trial.grub import grub_trial_options
-from gpuhost.plan.trial.params import panic_sysctls, trial_cmdline_names
+from gpuhost.plan.trial.params import panic_sysctls, trial_cmdline_names, without_trial_parameters
 from gpuhost.plan.trial.state import Step
 from gpuhost.plan.trial.step import plan_trial
 from gpuhost.spec.host import HostSpec
@@ -260,10 +260,7 @@ def decide_reboot(
     expected = [p for p in running if p not in remove]
     cut = expected.index("--") if "--" in expected else len(expected)
     expected = expected[:cut] + add + expected[cut:]
-    trial_names = set(trial_cmdline_names())
-    panic = panic_sysctls(
-        [p for p in expected if p.split("=", 1)[0] not in trial_names or p in spec.boot.extra]
-    )
+    panic = panic_sysctls(without_trial_parameters(expected))
     if boot.entry_trials:
         boot_due = any(r.concern in REBOOT_NOW for r in reasons)
         if boot.entry_trials == "systemd-boot":  # the entry's options: /etc/kernel/cmdline's line

@@ -21,7 +21,14 @@ from gpuhost.plan.trial.grub import (
     grub_trial_script,
 )
 from gpuhost.plan.trial.backstop import BACKSTOP_SCRIPT, drop_backstop
-from gpuhost.plan.trial.params import TRIAL_DEADLINE, TRIAL_MARK, panic_sysctls, settle_commands
+from gpuhost.plan.trial.params import (
+    TRIAL_DEADLINE,
+    TRIAL_MARK,
+    panic_sysctls,
+    settle_commands,
+    trial_cmdline,
+    without_trial_parameters,
+)
 from tests.unit.conftest import proxmox
 
 OLD, NEW = "6.8.12-9-pve", "6.14.8-2-bpo12-pve"
@@ -193,6 +200,7 @@ def test_panic_settings_follow_the_parameters() -> None:
     trial = systemd_boot()
     on = panic_sysctls(list(trial.cmdline))
     assert on == {
+        "panic": "10",
         "panic_on_oops": "1",
         "softlockup_panic": "1",
         "hardlockup_panic": "1",
@@ -200,6 +208,23 @@ def test_panic_settings_follow_the_parameters() -> None:
     }
     assert set(panic_sysctls(["quiet"]).values()) == {"0"}
     assert panic_sysctls(["oops=panic"])["panic_on_oops"] == "1"  # boot.extra keeps one
+    assert panic_sysctls(["panic=1", "panic=-1"])["panic"] == "-1"  # the last one wins
+
+
+def test_the_trial_entry_parameters_are_not_the_production_values() -> None:
+    """After a commit the host runs on the trial boot until its next reboot: the live values
+    must become those of the committed line, the host's own panic=1 included (h200x1 has one)."""
+    planned = ["root=UUID=x", "ro", "panic=1", "oops=panic", "iommu=pt"]  # boot.extra: oops
+    trial_boot_line = planned + list(trial_cmdline(10, 1200))
+    assert without_trial_parameters(trial_boot_line) == planned
+    assert panic_sysctls(without_trial_parameters(trial_boot_line)) == {
+        "panic": "1",
+        "panic_on_oops": "1",
+        "softlockup_panic": "0",
+        "hardlockup_panic": "0",
+        "hung_task_panic": "0",
+    }
+    assert without_trial_parameters(planned) == planned  # not a trial boot: nothing is the trial's
     assert settle_commands({"panic_on_oops": "0"}) == ("echo 0 > /proc/sys/kernel/panic_on_oops",)
 
 

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 
 from gpuhost.observe.boot import GRUB_CFG
 from gpuhost.plan.boot import grub as grubconf
-from gpuhost.plan.trial.entry import TRIAL_INITRD_DIR
 from gpuhost.plan.trial.backstop import drop_backstop, write_backstop
+from gpuhost.plan.trial.entry import TRIAL_INITRD_DIR
 from gpuhost.plan.trial.esp import grub_default_is, grub_entry, on_esp, sh_quote
 from gpuhost.plan.trial.params import TRIAL_MARK
 

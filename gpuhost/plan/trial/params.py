@@ -5,6 +5,7 @@ Pure."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 # On the trial boot's command line only, so a boot that came up through the trial entry can be
@@ -50,15 +51,38 @@ def trial_cmdline_names() -> tuple[str, ...]:
 
 
 def panic_sysctls(cmdline: list[str]) -> dict[str, str]:
-    """/proc/sys/kernel values a boot with ``cmdline`` runs with (0 unless a parameter sets it):
-    what the Plan expects after a commit from the spec's own parameters (boot.extra)."""
+    """/proc/sys/kernel values a boot with ``cmdline`` runs with (0 unless a parameter sets it;
+    the kernel's own default panic timeout, CONFIG_PANIC_TIMEOUT, is 0 in Debian's and
+    Proxmox's kernels): what the Plan expects after a commit. ``panic`` too: the trial's panic=N
+    is live on the trial boot the commit keeps running (seen on a real boot, tests/vm)."""
     values = {name: "0" for name, _ in PANIC_SYSCTLS.values()}
+    values["panic"] = "0"
     for param in cmdline:
         key, _, value = param.partition("=")
         if key in PANIC_SYSCTLS:
             name, on = PANIC_SYSCTLS[key]
             values[name] = "1" if value == on else "0"
+        elif key == "panic" and re.fullmatch(r"-?\d+", value):  # kernel/panic.c core_param
+            values["panic"] = str(int(value))
     return values
+
+
+def without_trial_parameters(cmdline: list[str]) -> list[str]:
+    """``cmdline`` less what the trial entry added: on a boot through it (its mark on the
+    line), the last parameter of each trial name, since the entry appends them after the
+    planned line (gpuhost/plan/trial/boot.py); any other boot's line as it is, so a panic=N of
+    the host's own stays."""
+    if TRIAL_MARK not in cmdline:
+        return list(cmdline)
+    names = set(trial_cmdline_names())
+    kept: list[str] = []
+    for param in reversed(cmdline):
+        name = param.split("=", 1)[0]
+        if name in names:
+            names.discard(name)
+            continue
+        kept.append(param)
+    return kept[::-1]
 
 
 # Where they go: the trial boots a trial-only entry (systemd-boot's gpuhost-trial.conf, GRUB's
