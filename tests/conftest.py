@@ -3,6 +3,7 @@
 Every test gets exactly one tier marker, from where it lives and which fixtures it uses, never
 by hand (a hand-placed marker drifts from what the test really needs):
 
+    vm      tests/vm: real boots of real Debian systems in QEMU (tests/vm/conftest.py)
     build   tests/build, or any test using `built_kernel` (the real kernel build)
     e2e     tests/e2e tests that start a twin (through the fixtures below)
     twin    other tests that start a twin
@@ -31,6 +32,8 @@ def tier(item: pytest.Item) -> str:
     """The tier of a collected test (see the module docstring)."""
     where = Path(item.path).resolve().relative_to(TESTS.resolve()).parts[0]
     uses = set(getattr(item, "fixturenames", ()))
+    if where == "vm":
+        return "vm"
     if where == "build" or uses & BUILD_FIXTURES:
         return "build"
     if uses & TWIN_FIXTURES:
@@ -52,7 +55,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # itself (the cache's build on a clean machine, tests/build/killed_build.py; its own over SSH
 # on a warm one); the other build-tier tests wait for that kernel, so e2e work overlaps it.
 BUILDS_FIRST = "tests/build/test_build_host.py"
-RUN_ORDER = ("e2e", "build", "twin", "unit")
+RUN_ORDER = ("vm", "e2e", "build", "twin", "unit")
 
 
 def run_order(item: pytest.Item) -> int:

@@ -31,13 +31,12 @@ display-class functions. /dev/nvidia-uvm* appear only through nvidia-modprobe -u
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
 
 from twin import hwsim
-from twin.kernel_choice import BOOTCFG
+from twin.initrd import initramfs_of
 
 # What an initramfs always has (busybox, kmod): an install command may name them.
 INITRAMFS_BINARIES = ("/bin/sh", "/sbin/modprobe", "/usr/sbin/modprobe", "/bin/true", "/bin/false")
@@ -224,34 +223,6 @@ def _coldplug(hw: hwsim.Hw, conf: dict, rules: dict[str, str], available) -> Non
         elif dev.get("driver"):
             hw.bind_all(dev["driver"])
     _apply_udev_overrides(hw, rules)
-
-
-def initramfs_of(hw: hwsim.Hw, kver: str) -> dict | None:
-    """The initramfs the loader hands this kernel: the ESP copy recorded at the last refresh
-    (bootcfg "initrd"), else /boot/initrd.img-<kver>; a JSON record of the module configuration
-    written by the twin's update-initramfs ({"files": {path: text}}). Anything else (a real
-    image, or none) contributes no early modules; "initramfs" in hw.json says which it was."""
-    data: object = None
-    cfg_path = hw.p(BOOTCFG)
-    synced = json.loads(cfg_path.read_text()).get("initrd") if cfg_path.exists() else None
-    own = hw.state.get("boot_initrd")  # an ESP entry of its own names its initrd file
-    if own:
-        try:
-            data = json.loads(Path(own).read_text())
-            hw.state["initramfs"] = "esp entry"
-        except (OSError, ValueError):
-            hw.state["initramfs"] = "missing on the ESP"
-    elif isinstance(synced, dict):
-        data = synced.get(kver)
-        hw.state["initramfs"] = "esp" if data else "missing on the ESP"
-    else:
-        image = hw.p(f"boot/initrd.img-{kver}")
-        try:
-            data = json.loads(image.read_text())
-            hw.state["initramfs"] = "/boot"
-        except (OSError, ValueError):
-            hw.state["initramfs"] = "none" if not image.exists() else "opaque image"
-    return data if isinstance(data, dict) else None
 
 
 def _load(hw: hwsim.Hw, name: str, params: list[str], conf: dict) -> None:

@@ -1,4 +1,5 @@
-"""Where a booted kernel's userspace stops before anything can confirm it (stdlib plus twin).
+"""How a boot ends before anything can confirm it (stdlib plus twin): a panic's log, and where
+a booted kernel's userspace stops.
 
 systemd boots rescue.target or emergency.target instead of the default when the command line
 says so (systemd's man/kernel-command-line.xml: `emergency`, `-b` and `rescue`, `single`, `s`,
@@ -69,3 +70,31 @@ def stop_log(kernel: str, cmdline: str, stop: str, deadline: int | None) -> list
             "sysrq: Resetting",
         ]
     return lines
+
+
+def stopped(kernel: str, cmdline: str, initramfs: dict | None) -> tuple[list[str], str, str]:
+    """(the boot's log, what happened, why the host is bricked or ''): gpuhost's backstop
+    reboots it (into whatever the loader picks next, the one-shot consumed) where the trial
+    armed it in this boot's initramfs; otherwise it waits for the console."""
+    stop = userspace_stop(cmdline)
+    deadline = backstop_deadline(cmdline, initramfs)
+    log = stop_log(kernel, cmdline, stop, deadline)
+    if deadline is None:
+        why = f"kernel {kernel} stops in systemd's {stop} and waits for someone at the console"
+        return log, f"stopped in {stop}; waits at the console", why
+    return log, f"stopped in {stop}; rebooted by the backstop ({deadline} s)", ""
+
+
+def panic_log(kernel: str, cmdline: str, why: str) -> list[str]:
+    """The kernel log of a boot that panicked (what `journalctl -b -1 -k` shows afterwards)."""
+    lines = [f"Linux version {kernel}", f"Command line: {cmdline}"]
+    if why == "zfs":  # openzfs contrib/initramfs/scripts/zfs, then initramfs-tools' panic()
+        return [*lines, "Failed to load ZFS modules.", "Manually load the modules and exit."]
+    if why != "profile":
+        lines += [
+            f"NVRM: RmInitAdapter: GSP firmware mismatch ({why})",
+            "NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x62:0x65:1800)",
+            "BUG: kernel NULL pointer dereference, address: 0000000000000008",
+            "Oops: 0000 [#1] PREEMPT SMP NOPTI",
+        ]
+    return [*lines, "Kernel panic - not syncing: Fatal exception"]

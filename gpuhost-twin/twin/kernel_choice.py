@@ -56,9 +56,9 @@ from pathlib import Path
 
 from twin import boot_stop, hwsim
 from twin.hwsim import efivars, grubenv, storage
+from twin.initrd import BOOTCFG, initramfs_of
 from twin.profile import Profile
 
-BOOTCFG = "var/lib/gpuhost-twin/bootcfg.json"
 START_KERNEL = "var/lib/gpuhost-twin/start-kernel"  # twin/startstate.py: the first boot's
 ESP_DIR = "var/lib/gpuhost-twin/esp"  # what each ESP's vfat holds that the twin keeps as files
 LOADER_INFO = "systemd-boot 252.39-1~deb12u2"
@@ -99,7 +99,7 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
         if not why:  # userspace stops before anything can confirm the boot (twin/boot_stop.py)
             _stopped(hw, kernel, cmdline, attempts)
             continue
-        hw.state["panic_log"] = panic_log(kernel, cmdline, why)
+        hw.state["panic_log"] = boot_stop.panic_log(kernel, cmdline, why)
         timeout = panic_timeout(cmdline)
         if timeout <= 0:
             attempts.append({"kernel": kernel, "result": "panicked; hung (no panic=N)"})
@@ -113,23 +113,13 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
 
 
 def _stopped(hw: hwsim.Hw, kernel: str, cmdline: str, attempts: list[dict]) -> None:
-    """A boot whose systemd stops in emergency or rescue mode: gpuhost's backstop reboots it
-    (into whatever the loader picks next, the one-shot consumed) where the trial armed it in
-    this boot's initramfs; otherwise it waits for the console."""
-    from twin.boot_modules import initramfs_of  # it imports this module
-
-    stop = boot_stop.userspace_stop(cmdline)
-    deadline = boot_stop.backstop_deadline(cmdline, initramfs_of(hw, kernel))
-    hw.state["panic_log"] = boot_stop.stop_log(kernel, cmdline, stop, deadline)
-    if deadline is None:
-        attempts.append({"kernel": kernel, "result": f"stopped in {stop}; waits at the console"})
+    """A boot whose systemd stops in emergency or rescue mode (twin/boot_stop.py)."""
+    log, result, bricked = boot_stop.stopped(kernel, cmdline, initramfs_of(hw, kernel))
+    hw.state["panic_log"] = log
+    attempts.append({"kernel": kernel, "result": result})
+    if bricked:
         _record(hw, attempts)
-        raise BrickedError(
-            f"kernel {kernel} stops in systemd's {stop} and waits for someone at the console"
-        )
-    attempts.append(
-        {"kernel": kernel, "result": f"stopped in {stop}; rebooted by the backstop ({deadline} s)"}
-    )
+        raise BrickedError(bricked)
 
 
 def gsp_mismatch(hw: hwsim.Hw, kernel: str) -> str:
@@ -143,21 +133,6 @@ def gsp_mismatch(hw: hwsim.Hw, kernel: str) -> str:
     )
     ko = hw.find_ko("nvidia", kernel) if loads else None
     return hw.gsp_mismatch(hwsim.ko_info(ko).get("version", "")) if ko is not None else ""
-
-
-def panic_log(kernel: str, cmdline: str, why: str) -> list[str]:
-    """The kernel log of a boot that panicked (what `journalctl -b -1 -k` shows afterwards)."""
-    lines = [f"Linux version {kernel}", f"Command line: {cmdline}"]
-    if why == "zfs":  # openzfs contrib/initramfs/scripts/zfs, then initramfs-tools' panic()
-        return [*lines, "Failed to load ZFS modules.", "Manually load the modules and exit."]
-    if why != "profile":
-        lines += [
-            f"NVRM: RmInitAdapter: GSP firmware mismatch ({why})",
-            "NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x62:0x65:1800)",
-            "BUG: kernel NULL pointer dereference, address: 0000000000000008",
-            "Oops: 0000 [#1] PREEMPT SMP NOPTI",
-        ]
-    return [*lines, "Kernel panic - not syncing: Fatal exception"]
 
 
 def _record(hw: hwsim.Hw, attempts: list[dict]) -> None:

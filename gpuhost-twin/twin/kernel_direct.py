@@ -9,13 +9,13 @@ started again by the next boot: with panic=N that is a reboot loop, without it a
 from __future__ import annotations
 
 from twin import hwsim
+from twin.boot_stop import panic_log
 from twin.kernel_choice import (
     MAX_BOOTS,
     START_KERNEL,
     BrickedError,
     _record,
     gsp_mismatch,
-    panic_log,
     panic_timeout,
 )
 from twin.profile import Profile

@@ -23,11 +23,14 @@ class TrialSpec(BaseModel):
     )
     deadline_minutes: int = Field(
         20,
-        ge=5,
+        ge=2,
         le=240,
-        description="Minutes the trial boot has to pass its post-boot checks before it reboots "
-        "itself (gpuhost-trial-deadline.timer, reading the trial record), back into the pinned "
-        "kernel.",
+        description="Minutes after the trial kernel starts in which the trial boot must pass "
+        "its post-boot checks, or it reboots itself back into the pinned kernel: "
+        "gpuhost-trial-deadline.timer where userspace gets that far, and a minute later the "
+        "backstop in the trial's initramfs (by SysRq) where it never reaches timers.target (a "
+        "prompt in the initramfs, systemd's emergency or rescue mode). Count the whole boot "
+        "up to SSH and gpuhost's reconnect.",
     )
     without_oneshot: bool = Field(
         False,

@@ -1,6 +1,6 @@
 """A trial whose systemd stops in emergency or rescue mode (twin/boot_stop.py): no sshd and no
 timers.target, so only gpuhost's backstop in the trial's initramfs brings it back (the real
-boot: tests/vm/test_trial_backstop.py). On the twin's GRUB-on-ESP profile: the trial entry is a
+boot: tests/vm/test_emergency_backstop.py). On the twin's GRUB-on-ESP profile: the trial entry is a
 top-level menu entry of gpuhost's (next_entry, a true one-shot there), the default the pinned
 kernel's."""
 

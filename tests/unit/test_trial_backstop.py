@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuhost.plan.driver.modconf import static_file
+from gpuhost.plan.trial.backstop import BACKSTOP_PID, disarm
 from gpuhost.plan.trial.params import BACKSTOP_GRACE_S, TRIAL_DEADLINE, trial_cmdline
 
 SCRIPT = static_file("gpuhost-trial-backstop")
@@ -65,11 +66,11 @@ def test_the_trial_entry_arms_a_reboot_at_its_deadline_after_boot(tmp_path: Path
     root = _run(tmp_path, " ".join(["root=UUID=x", "ro", *params]), uptime="42.17 80.00")
     pid = int((root / "run/gpuhost-trial-backstop.pid").read_text())
     assert pid > 1
-    # the wait counts from boot: 1500 s after it, 42 s have gone
+    # the wait counts from boot: 1260 s after it, 42 s have gone
     assert _wait_for(root / "slept", "\n").splitlines()[0] == str(1200 + BACKSTOP_GRACE_S - 42)
     kmsg = _wait_for(root / "dev/kmsg", "rebooting to the default entry")
-    assert "<5>gpuhost: trial boot: backstop reboot in 1458s unless gpuhost confirms it" in kmsg
-    assert "<3>gpuhost: trial boot not confirmed within 1500s of its start" in kmsg
+    assert "<5>gpuhost: trial boot: backstop reboot in 1218s unless gpuhost confirms it" in kmsg
+    assert "<3>gpuhost: trial boot not confirmed within 1260s of its start" in kmsg
     # sync, remount read-only, reboot: through the file it opened before /proc moved
     assert _wait_for(root / "proc/sysrq-trigger", "b\n") == "s\nu\nb\n"
 
@@ -78,3 +79,41 @@ def test_a_deadline_already_past_reboots_at_once(tmp_path: Path) -> None:
     root = _run(tmp_path, f"{TRIAL_DEADLINE}=30", uptime="95.50 1.00")
     assert _wait_for(root / "slept", "\n").splitlines()[0] == "0"
     _wait_for(root / "proc/sysrq-trigger", "b\n")
+
+
+def test_disarm_stops_the_waiting_shell_and_its_sleep(tmp_path: Path) -> None:
+    """gpuhost's gate disarms an armed backstop (gpuhost/plan/trial/backstop.py): the waiting
+    shell and its sleep are gone, and nothing reaches SysRq."""
+    root = tmp_path
+    for name in ("proc", "dev", "run"):
+        (root / name).mkdir()
+    (root / "proc/cmdline").write_text(f"root=UUID=x {TRIAL_DEADLINE}=600\n")
+    (root / "proc/uptime").write_text("5.00 1.00\n")
+    (root / "proc/sysrq-trigger").write_text("")
+    (root / "dev/kmsg").write_text("")
+    text = SCRIPT
+    for path in ("/proc/", "/dev/kmsg", "/run/"):
+        text = text.replace(path, f"{root}{path}")
+    script = root / "backstop"
+    script.write_text(text)
+    subprocess.run(["sh", str(script)], check=True, env={"PATH": "/usr/bin:/bin"})
+    pid = int((root / "run/gpuhost-trial-backstop.pid").read_text())
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    sleeper = int(children.stdout.split()[0])
+    disarm_cmd = disarm().replace(BACKSTOP_PID, str(root / "run/gpuhost-trial-backstop.pid"))
+    subprocess.run(["sh", "-c", disarm_cmd], check=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (_alive(pid) or _alive(sleeper)):
+        time.sleep(0.05)
+    assert not _alive(pid) and not _alive(sleeper)
+    assert not (root / "run/gpuhost-trial-backstop.pid").exists()
+    assert (root / "proc/sysrq-trigger").read_text() == ""
+
+
+def _alive(pid: int) -> bool:
+    """Running, not gone nor a zombie waiting for its parent."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

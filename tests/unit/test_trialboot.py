@@ -11,6 +11,7 @@ import pytest
 
 from gpuhost.observe.boot import parse_boot_path
 from gpuhost.observe.proxmox import parse_boot_tool_status
+from gpuhost.plan.trial.backstop import BACKSTOP_SCRIPT, drop_backstop
 from gpuhost.plan.trial.boot import TrialBoot, plan_trial_boot
 from gpuhost.plan.trial.entry import TRIAL_ENTRY
 from gpuhost.plan.trial.esp import ESP_MOUNTS, grub_entry, on_esp, systemd_boot_entry
@@ -20,7 +21,6 @@ from gpuhost.plan.trial.grub import (
     grub_trial_options,
     grub_trial_script,
 )
-from gpuhost.plan.trial.backstop import BACKSTOP_SCRIPT, drop_backstop
 from gpuhost.plan.trial.params import (
     TRIAL_DEADLINE,
     TRIAL_MARK,
@@ -469,7 +469,7 @@ def test_trial_command_line_and_deadline() -> None:
         "hung_task_panic=1",
         TRIAL_MARK,
         # the backstop (files/gpuhost-trial-backstop): after the timer's deadline, by boot time
-        f"gpuhost.trial_deadline={30 * 60 + 300}",
+        f"gpuhost.trial_deadline={30 * 60 + 60}",
     )
     assert (trial.deadline_s, trial.before_deadline_reboot) == (30 * 60, ())
     assert trial.confirm[0] == f'test "$(uname -r)" = {NEW}'

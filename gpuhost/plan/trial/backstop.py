@@ -37,7 +37,9 @@ def drop_backstop() -> str:
 
 def disarm() -> str:
     """Stop an armed backstop (its waiting process), on the trial boot once its gate starts."""
+    # its `sleep` first: once the waiting shell is gone the sleep is no longer its child
     return (
-        f'if [ -s {BACKSTOP_PID} ]; then kill "$(cat {BACKSTOP_PID})" 2>/dev/null; '
+        f'if [ -s {BACKSTOP_PID} ]; then pid="$(cat {BACKSTOP_PID})"; '
+        'pkill -P "$pid" sleep 2>/dev/null; kill "$pid" 2>/dev/null; '
         f"rm -f {BACKSTOP_PID}; fi"
     )

@@ -18,7 +18,7 @@ TRIAL_MARK = "gpuhost.trial=1"
 # systemd's emergency or rescue mode) still reboots, with the kernel's SysRq. Later than the
 # deadline timer's, which reboots cleanly where userspace got that far.
 TRIAL_DEADLINE = "gpuhost.trial_deadline"
-BACKSTOP_GRACE_S = 300
+BACKSTOP_GRACE_S = 60
 # The live sysctls the panic parameters set (Documentation/admin-guide/sysctl/kernel.rst:
 # panic_on_oops, softlockup_panic, hardlockup_panic, hung_task_panic); the commit puts them back.
 PANIC_SYSCTLS = {
