@@ -37,9 +37,12 @@ def drop_backstop() -> str:
 
 def disarm() -> str:
     """Stop an armed backstop (its waiting process), on the trial boot once its gate starts."""
-    # its `sleep` first: once the waiting shell is gone the sleep is no longer its child
+    # The waiting shell first: a sleep killed first would let it go on to the reboot. Its
+    # sleep is found before (once the shell is gone, the sleep is nobody's child) and then
+    # stopped too, so nothing of it is left running.
     return (
         f'if [ -s {BACKSTOP_PID} ]; then pid="$(cat {BACKSTOP_PID})"; '
-        'pkill -P "$pid" sleep 2>/dev/null; kill "$pid" 2>/dev/null; '
+        'kids="$(pgrep -P "$pid")"; kill "$pid" 2>/dev/null; '
+        '[ -z "$kids" ] || kill $kids 2>/dev/null; '
         f"rm -f {BACKSTOP_PID}; fi"
     )
