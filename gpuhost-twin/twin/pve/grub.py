@@ -224,7 +224,10 @@ def menu_entries(text: str) -> dict[str, dict[str, str]]:
         elif current is not None and line.startswith("}"):
             current = None
         elif current is not None:
-            words = line.split()
+            # GRUB script: `if linux ...; then ...` runs the command between `if` and `;` (the
+            # form gpuhost's trial entry uses to reboot when its files cannot be loaded)
+            words = line.split(";", 1)[0].split()
+            words = words[1:] if words[:1] == ["if"] else words
             if words[:1] == ["linux"] and len(words) > 1:
                 current["linux"], current["options"] = words[1], " ".join(words[2:])
             elif words[:1] == ["initrd"] and len(words) > 1:
