@@ -92,3 +92,20 @@ def test_what_stops_and_what_arms() -> None:
     assert backstop_deadline("gpuhost.trial_deadline=9x", armed) is None
     assert backstop_deadline("gpuhost.trial_deadline=90", {"files": {}}) is None
     assert backstop_deadline("gpuhost.trial=1", armed) is None
+
+
+@pytest.mark.parametrize("reboots", [True, False])
+def test_a_grub_trial_entry_whose_files_are_gone(tmp_path: Path, reboots: bool) -> None:
+    """Real GRUB 2.06 runs the entry and its initrd fails (tests/vm/test_grub_entry_fails_to_load):
+    gpuhost's entry then reboots into the default; an entry without that waits for a key."""
+    root, prof = _trial_root(tmp_path, "root=ZFS=rpool/ROOT/pve-1 boot=zfs", with_backstop=False)
+    (root / ESP_DIR / ESP / f"gpuhost-trial/initrd.img-{OLD}").unlink()
+    cfg = json.loads(read(root, boot.BOOTCFG))
+    cfg["menu"]["gpuhost-trial"]["on_failure"] = "reboot" if reboots else ""
+    ht.write(root, boot.BOOTCFG, json.dumps(cfg))
+    if not reboots:
+        with pytest.raises(boot.BrickedError, match="waits for a key"):
+            ht.boot_root(root, prof)
+        return
+    ht.boot_root(root, prof)
+    assert state(root)["kernel"] == OLD and "gpuhost.trial" not in state(root)["cmdline"]

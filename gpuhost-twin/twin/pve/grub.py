@@ -220,6 +220,7 @@ def menu_entries(text: str) -> dict[str, dict[str, str]]:
         m = _MENUENTRY.match(line)
         if m:
             current = {"title": m.group(1), "linux": "", "options": "", "initrd": ""}
+            current["on_failure"] = ""  # "reboot": a `reboot` where loading its files fails
             found[m.group(2) or m.group(1)] = current
         elif current is not None and line.startswith("}"):
             current = None
@@ -232,6 +233,8 @@ def menu_entries(text: str) -> dict[str, dict[str, str]]:
                 current["linux"], current["options"] = words[1], " ".join(words[2:])
             elif words[:1] == ["initrd"] and len(words) > 1:
                 current["initrd"] = words[1]
+            elif words == ["reboot"]:
+                current["on_failure"] = "reboot"
     return found
 
 
