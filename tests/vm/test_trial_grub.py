@@ -3,7 +3,8 @@
 systemd): the deploy boots it once through gpuhost's trial entry (next_entry in a real grubenv,
 cleared by GRUB's own save_env), the gate passes, the commit makes it the default; afterwards
 the live panic settings are the production ones, a plain reboot boots the new line, and a
-second run changes nothing. The tests share one VM and run in file order."""
+second run changes nothing. The tests share one VM and run in file order; each
+asks for the first deploy, so it also runs alone."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_the_trial_boots_once_passes_its_gate_and_is_committed(vm: Vm, first) ->
     vm.wait_console(r"gpuhost: trial boot: backstop reboot in \d+s", 10)
 
 
-def test_after_the_commit_the_host_runs_with_production_panic_settings(vm: Vm) -> None:
+def test_after_the_commit_the_host_runs_with_production_panic_settings(vm: Vm, first) -> None:
     cmdline = vm.ssh("cat /proc/cmdline").stdout.split()
     assert "gpuhost.trial=1" in cmdline  # still the trial boot: the commit does not reboot
     assert sysctls(vm) == PRODUCTION
@@ -50,12 +51,12 @@ def test_after_the_commit_the_host_runs_with_production_panic_settings(vm: Vm) -
     assert vm.ssh("pgrep -f 'sleep [0-9]'", check=False).returncode == 1  # no backstop waits
 
 
-def test_a_second_run_changes_nothing(vm: Vm, vm_kernels, tmp_path_factory) -> None:
+def test_a_second_run_changes_nothing(vm: Vm, first, vm_kernels, tmp_path_factory) -> None:
     again = deploy(vm, vm_spec(vm_kernels.old), tmp_path_factory.mktemp("again"))
     assert again.rc == 0 and not again.changed, again.output[-3000:]
 
 
-def test_a_plain_reboot_boots_the_new_line_as_the_default(vm: Vm) -> None:
+def test_a_plain_reboot_boots_the_new_line_as_the_default(vm: Vm, first) -> None:
     start = vm.reboot(BOOT_TIMEOUT)
     vm.wait_console(r"GNU GRUB", 10, since=start)
     cmdline = vm.ssh("cat /proc/cmdline").stdout.split()
