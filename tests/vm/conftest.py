@@ -70,9 +70,22 @@ def booted(
         vm.wait_ssh(BOOT_TIMEOUT)
         return vm
 
+    start.started = started  # type: ignore[attr-defined]  # for pytest_runtest_makereport
     yield start
     for vm in started:
         vm.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed vm test shows its VMs' last console lines: what the firmware, the loader and
+    the kernel did is often the only account of a boot that never came back over SSH."""
+    report = yield
+    booted = getattr(item, "funcargs", {}).get("booted")
+    if report.failed and booted is not None:
+        for vm in booted.started:
+            report.sections.append((f"console of {vm.workdir.name}", vm.tail(80)))
+    return report
 
 
 @dataclass
@@ -99,11 +112,17 @@ def vm_spec(release: str, extra: list[str] | None = None, **trial: object) -> di
     }
 
 
-def deploy(vm: Vm, spec: dict, workdir: Path, timeout: float = 1500) -> Deploy:
+REBOOT_TIMEOUT = 1800
+
+
+def deploy(vm: Vm, spec: dict, workdir: Path, timeout: float = 3000) -> Deploy:
     """The main deploy on ``vm``, from an inventory like a user's (host keys verified)."""
     workdir.mkdir(parents=True, exist_ok=True)
     inventory = workdir / "inventory.py"
-    data = {**vm.host_data, "gpuhost_reboot_delay": 5}
+    # Under TCG on two shared cores beside the other tiers, a reboot's firmware phase was seen
+    # to take from seconds to 12 minutes (CI, Dec 2026): the bound is generous, as a slow
+    # server's would be, and the console shows where the time went.
+    data = {**vm.host_data, "gpuhost_reboot_delay": 5, "gpuhost_reboot_timeout": REBOOT_TIMEOUT}
     inventory.write_text(
         "from gpuhost.spec.inventory import gpu_host\n"
         f"hosts = [gpu_host('vm', {spec!r}, **{data!r})]\n"
