@@ -39,7 +39,7 @@ def test_bootctl_oneshot_over_ssh_is_consumed_by_the_next_boot(twin):
     new = next(k for k in out.split() if k.startswith("6.") and k != old)
     assert twin.run(f"bootctl set-oneshot proxmox-{new}.conf") == (0, "", "")
     read_back = (
-        f"tail -c +5 /sys/firmware/efi/efivars/LoaderEntryOneShot-{g}"
+        f"cat /sys/firmware/efi/efivars/LoaderEntryOneShot-{g} | tail -c +5"
         " | iconv -f UTF-16LE -t UTF-8 | tr -d '\\0'"
     )
     assert twin.run(read_back)[1] == f"proxmox-{new}.conf"

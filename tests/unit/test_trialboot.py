@@ -114,7 +114,7 @@ def test_systemd_boot_one_shot_and_read_back() -> None:
     clear = oneshot.index('bootctl set-default ""')
     assert oneshot.index(f"bootctl set-oneshot {TRIAL_ENTRY}") > clear
     assert oneshot[-1] == (
-        f"test \"$(tail -c +5 /sys/firmware/efi/efivars/LoaderEntryOneShot-{G} | tr -d '\\000')\""
+        f"test \"$(cat /sys/firmware/efi/efivars/LoaderEntryOneShot-{G} | tail -c +5 | tr -d '\\000')\""
         f" = {TRIAL_ENTRY}"
     )
     assert f"test ! -e /sys/firmware/efi/efivars/LoaderEntryDefault-{G}" in oneshot

@@ -235,14 +235,18 @@ def _grub(b: Build, esp: Path, kernels: tuple[str, ...], root_uuid: str, esp_uui
 def _grub_esp(b: Build, esp: Path, kernels: tuple[str, ...], root_uuid: str, esp_uuid: str) -> str:
     """proxmox-boot-tool's `grub` mode (docs/reference/trial-boot.md §2.4): GRUB with --boot-directory on the
     ESP (<ESP>/grub/grub.cfg, grubenv), the kernels at the ESP's root, grub.cfg rendered by
-    update-grub with the ESP bind-mounted on /boot, as zz-proxmox-boot does."""
+    update-grub with the ESP bind-mounted on /boot, as zz-proxmox-boot does; and the root fs's
+    own /boot/grub/grub.cfg, which a Proxmox install has too (never read at boot; Debian's
+    zz-update-grub kernel hook keeps it current because it exists, and proxmox-boot-tool reads
+    the GRUB entry id from it, functions L136-137)."""
     default_grub(b)
     copies = "".join(f"cp /boot/vmlinuz-{k} /boot/initrd.img-{k} /boot/efi/\n" for k in kernels)
     efi = f"{EFI_INSTALL} --boot-directory=/boot/efi"
     return (
         f"mount -t vfat UUID={esp_uuid} /boot/efi\n{copies}"
         f"{efi} --removable\n{efi} --bootloader-id=proxmox\n"
-        "mount --bind /boot/efi /boot\nupdate-grub\numount /boot\numount /boot/efi\n"
+        "mount --bind /boot/efi /boot\nupdate-grub\numount /boot\n"
+        "mkdir -p /boot/grub\nupdate-grub\numount /boot/efi\n"
     )
 
 

@@ -30,7 +30,10 @@ def efivar(name: str) -> str:
 
 def efivar_is(name: str, value: str) -> str:
     # efivarfs: 4 attribute bytes, then UTF-16LE; for an ASCII id dropping NULs gives the text.
-    return f"test \"$(tail -c +5 {efivar(name)} | tr -d '\\000')\" = {sh_quote(value)}"
+    # Read as a stream: efivarfs files are regular but refuse lseek (fs/efivarfs/file.c,
+    # .llseek = no_llseek), so `tail -c +5 FILE`, which seeks on a regular file, fails there
+    # ("cannot seek to relative offset 4", seen on real efivarfs in tests/vm).
+    return f"test \"$(cat {efivar(name)} | tail -c +5 | tr -d '\\000')\" = {sh_quote(value)}"
 
 
 def on_esp(uuid: str, body: str) -> str:
