@@ -51,21 +51,24 @@ def vm_kernels() -> kernel.VmKernels:
 
 
 @pytest.fixture(scope="session")
-def vm_image(vm_kernels: kernel.VmKernels) -> Callable[[str], VmImage]:
-    """vm_image(layout) -> the cached bookworm image of that layout, booting the old kernel."""
-    return lambda layout: image.base_image("bookworm", layout, [vm_kernels.old_debs.image])
+def vm_image(vm_kernels: kernel.VmKernels) -> Callable[..., VmImage]:
+    """vm_image(layout, suite="bookworm") -> the cached image of that layout and Debian suite
+    (bookworm: Proxmox VE 8's base, trixie: 9's), booting the old kernel."""
+    return lambda layout, suite="bookworm": image.base_image(
+        suite, layout, [vm_kernels.old_debs.image]
+    )
 
 
 @pytest.fixture(scope="module")
 def booted(
-    vm_image: Callable[[str], VmImage], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[[str], Vm]]:
-    """booted(layout) -> a VM of that image, up and reachable over SSH; stopped after the
-    module."""
+    vm_image: Callable[..., VmImage], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Vm]]:
+    """booted(layout, suite="bookworm") -> a VM of that image, up and reachable over SSH;
+    stopped after the module."""
     started: list[Vm] = []
 
-    def start(layout: str) -> Vm:
-        vm = Vm.start(vm_image(layout), tmp_path_factory.mktemp(f"vm-{layout}"))
+    def start(layout: str, suite: str = "bookworm") -> Vm:
+        vm = Vm.start(vm_image(layout, suite), tmp_path_factory.mktemp(f"vm-{suite}-{layout}"))
         started.append(vm)
         vm.wait_ssh(BOOT_TIMEOUT)
         return vm

@@ -1,5 +1,5 @@
-"""A new kernel command line on a real systemd-boot chain laid out as proxmox-boot-tool keeps it
-(systemd-boot 252 from an unmounted ESP, loader entries and kernels copied there from
+"""A new kernel command line on a real systemd-boot chain laid out as proxmox-boot-tool keeps it,
+on Debian 13 as Proxmox VE 9 is (systemd-boot 257 from an unmounted ESP, loader entries and kernels copied there from
 /etc/kernel/cmdline by gpuhost's stand-in of the tool): the deploy writes gpuhost's trial entry,
 sets the one-shot with the real `bootctl set-oneshot` (LoaderEntryOneShot in OVMF's variable
 store), the real boot manager consumes it and boots the entry once, the gate passes and the
@@ -28,7 +28,7 @@ def efivar(vm: Vm, name: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def vm(booted) -> Vm:
-    return booted("systemd-boot")
+    return booted("systemd-boot", "trixie")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,8 @@ def test_the_one_shot_entry_boots_once_passes_its_gate_and_is_committed(
     # the real boot manager took the one-shot (and removed it) and says which entry it booted
     assert efivar(vm, "LoaderEntrySelected") == "gpuhost-trial.conf"
     assert efivar(vm, "LoaderEntryOneShot") is None
-    assert efivar(vm, "LoaderInfo").startswith("systemd-boot 252")
+    assert efivar(vm, "LoaderInfo").startswith("systemd-boot 257")
+    assert "VERSION_CODENAME=trixie" in vm.ssh("cat /etc/os-release").stdout
 
 
 def test_after_the_commit_the_host_runs_with_production_panic_settings(

@@ -86,7 +86,9 @@ COMMON = (
 LOADER = {
     "grub": ("grub-efi-amd64",),
     "grub-esp": ("grub-efi-amd64",),
-    "systemd-boot": ("systemd-boot",),  # bootctl; pulls systemd-boot-efi (systemd-bootx64.efi)
+    # bootctl, and systemd-bootx64.efi (bookworm's systemd-boot depends on systemd-boot-efi,
+    # trixie's only recommends it)
+    "systemd-boot": ("systemd-boot", "systemd-boot-efi"),
 }
 # What a suite needs beyond COMMON, where its package names differ. None so far: trixie's
 # systemd package still carries networkd (a trixie image builds from the same list).

@@ -7,8 +7,15 @@
 Each VM lives in its workdir: disk.qcow2 (an overlay of the cached image), OVMF_VARS.fd (its own
 NVRAM, which keeps EFI variables across the reboots of one QEMU process), console.log (the
 serial console, written by QEMU itself), console.sock (the console's input), qemu.log, and the
-known_hosts and ssh_config that reach it with host-key checking on. QEMU follows the guest's
-reboots (no -no-reboot) and exits when the guest powers off.
+known_hosts and ssh_config that reach it with host-key checking on.
+
+A reboot is a power cycle: QEMU runs with -no-reboot, and when the guest resets the machine (the
+kernel's reboot, SysRq, a panic's timeout, GRUB's or the firmware's reset) the runner starts QEMU
+again on the same disk, NVRAM and port, so the firmware, the loader and the kernel run again as
+on a host. A warm reset in one QEMU process was seen to keep OVMF busy for 1 to 12 minutes after
+a deploy had run in the guest (the vCPU thread sampled in page_collection_lock under
+helper_le_stq_mmu: TCG apparently invalidating the old system's translated code as the firmware
+wrote over it), while a fresh QEMU reaches GRUB in seconds. The guest powering off ends the VM.
 
 TCG, not KVM: /dev/kvm on these machines was measured too slow to reach userspace (docs/development.md,
 "What the development machines are proven to do").
@@ -23,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +67,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _popen(argv: list[str], workdir: Path) -> subprocess.Popen[bytes]:
+    with open(workdir / "qemu.log", "ab") as log:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent
+        )
+
+
 def _die_with_parent() -> None:
     # PR_SET_PDEATHSIG: a test run that dies takes its VMs with it instead of leaving them running.
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
@@ -72,6 +87,10 @@ class Vm:
     proc: subprocess.Popen[bytes]
     cursor: int = 0  # where the next wait_console looks from by default: after the last match
     argv: list[str] = field(default_factory=list)
+    restarts: int = 0  # the guest's resets so far, each a fresh QEMU process
+    ended: int | None = None  # QEMU's exit status once the VM is over (power-off or failure)
+    _stopping: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def start(
@@ -113,9 +132,10 @@ class Vm:
         argv += ["-nodefaults"]
         argv += [
             "-chardev",
-            f"socket,id=con,path={sock},server=on,wait=off,logfile={workdir}/console.log",
+            f"socket,id=con,path={sock},server=on,wait=off,logfile={workdir}/console.log,"
+            "logappend=on",
         ]
-        argv += ["-serial", "chardev:con"]
+        argv += ["-serial", "chardev:con", "-no-reboot"]  # a reset restarts QEMU (see above)
         argv += [
             "-drive",
             f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF}/OVMF_CODE_4M{ms}.fd",
@@ -142,10 +162,8 @@ class Vm:
         """Start QEMU; None when its port forward failed (try another port)."""
         console = workdir / "console.log"
         console.unlink(missing_ok=True)
-        with open(workdir / "qemu.log", "wb") as log:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent
-            )
+        (workdir / "qemu.log").unlink(missing_ok=True)
+        proc = _popen(argv, workdir)
         vm = cls(image, workdir, port, proc, argv=argv)
         vm._write_ssh_files()
         deadline = time.monotonic() + 60
@@ -153,6 +171,7 @@ class Vm:
         # port forward is the thing that can fail) is set up.
         while proc.poll() is None and time.monotonic() < deadline:
             if console.exists() and console.stat().st_size > 0:
+                threading.Thread(target=vm._supervise, daemon=True).start()
                 return vm
             time.sleep(0.1)
         if proc.poll() is None:
@@ -162,6 +181,33 @@ class Vm:
         if "host forwarding" in text:
             return None
         raise VmError(f"QEMU exited ({proc.returncode}): {text[-800:]}\n$ {' '.join(argv)}")
+
+    def _supervise(self) -> None:
+        """Follow the guest's resets: start QEMU again whenever it exits for one (see above).
+        The thread that starts a QEMU stays until it exits (PR_SET_PDEATHSIG is per thread)."""
+        while True:
+            rc = self.proc.wait()
+            with self._lock:
+                if self._stopping:
+                    return
+                if rc != 0 or self._powered_off():
+                    self.ended = rc
+                    return
+                self.proc = _popen(self.argv, self.workdir)
+                self.restarts += 1
+
+    def _powered_off(self) -> bool:
+        """Whether the guest's kernel powered the machine off: its last console line says so
+        (kernel/reboot.c, kernel_power_off); every other exit under -no-reboot is a reset."""
+        path = self.workdir / "console.log"
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - 400))
+            tail = f.read().decode("latin-1")
+        return ANSI.sub("", tail).rstrip().endswith("reboot: Power down")
+
+    def _over(self) -> str | None:
+        """Why the VM is over (QEMU exited for good), None while it runs or restarts."""
+        return None if self.ended is None else f"QEMU exited ({self.ended})"
 
     def _write_ssh_files(self) -> None:
         (self.workdir / "known_hosts").write_text(self.image.known_hosts_line(self.port))
@@ -215,8 +261,8 @@ class Vm:
             if found:
                 self.cursor = found.end()
                 return found
-            if self.proc.poll() is not None:
-                raise self.fail(f"QEMU exited ({self.proc.returncode}) before {pattern!r} showed")
+            if self._over():
+                raise self.fail(f"{self._over()} before {pattern!r} showed")
             if time.monotonic() > deadline:
                 raise self.fail(f"{pattern!r} not on the console after {timeout:.0f} s")
             time.sleep(0.2)
@@ -252,8 +298,8 @@ class Vm:
             done = self.ssh("true", check=False, timeout=30)
             if done.returncode == 0:
                 return
-            if self.proc.poll() is not None:
-                raise self.fail(f"QEMU exited ({self.proc.returncode}) before SSH answered")
+            if self._over():
+                raise self.fail(f"{self._over()} before SSH answered")
             if time.monotonic() > deadline:
                 raise self.fail(f"no SSH after {timeout:.0f} s: {done.stderr.strip()}")
             time.sleep(1)
@@ -271,6 +317,8 @@ class Vm:
 
     def stop(self, timeout: float = 60) -> None:
         """Power off over SSH and wait (bounded), then kill whatever is still running."""
+        with self._lock:
+            self._stopping = True  # no restart from here on
         if self.proc.poll() is None:
             with contextlib.suppress(VmError):
                 self.ssh("systemctl poweroff", check=False, timeout=15)
@@ -279,6 +327,8 @@ class Vm:
         self.kill()
 
     def kill(self) -> None:
+        with self._lock:
+            self._stopping = True
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
