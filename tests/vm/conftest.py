@@ -23,7 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from twin.vm import image, kernel, qemu
+from gpuhost.control import read_control
+from gpuhost.observe.hostfacts import parse_raw
+from gpuhost.observe.live import gather_live
+from gpuhost.plan.make import Plan, make_plan
+from gpuhost.plan.model import PlanError
+from gpuhost.spec.inventory import load_inventory
+from twin.vm import boards, image, kernel, qemu
 from twin.vm.image import VmImage
 from twin.vm.qemu import BOOT_TIMEOUT, Vm
 
@@ -63,12 +69,13 @@ def vm_image(vm_kernels: kernel.VmKernels) -> Callable[..., VmImage]:
 def booted(
     vm_image: Callable[..., VmImage], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., Vm]]:
-    """booted(layout, suite="bookworm") -> a VM of that image, up and reachable over SSH;
-    stopped after the module."""
+    """booted(layout, suite="bookworm", **Vm.start's options) -> a VM of that image, up and
+    reachable over SSH; stopped after the module."""
     started: list[Vm] = []
 
-    def start(layout: str, suite: str = "bookworm") -> Vm:
-        vm = Vm.start(vm_image(layout, suite), tmp_path_factory.mktemp(f"vm-{suite}-{layout}"))
+    def start(layout: str, suite: str = "bookworm", **options: object) -> Vm:
+        workdir = tmp_path_factory.mktemp(f"vm-{suite}-{layout}")
+        vm = Vm.start(vm_image(layout, suite), workdir, **options)  # type: ignore[arg-type]
         started.append(vm)
         vm.wait_ssh(BOOT_TIMEOUT)
         return vm
@@ -118,8 +125,8 @@ def vm_spec(release: str, extra: list[str] | None = None, **trial: object) -> di
 REBOOT_TIMEOUT = 1800
 
 
-def deploy(vm: Vm, spec: dict, workdir: Path, timeout: float = 3000) -> Deploy:
-    """The main deploy on ``vm``, from an inventory like a user's (host keys verified)."""
+def inventory_file(vm: Vm, spec: dict, workdir: Path) -> Path:
+    """An inventory like a user's for ``vm`` (host 'vm', host keys verified)."""
     workdir.mkdir(parents=True, exist_ok=True)
     inventory = workdir / "inventory.py"
     # Under TCG on two shared cores beside the other tiers, a reboot's firmware phase was seen
@@ -130,6 +137,21 @@ def deploy(vm: Vm, spec: dict, workdir: Path, timeout: float = 3000) -> Deploy:
         "from gpuhost.spec.inventory import gpu_host\n"
         f"hosts = [gpu_host('vm', {spec!r}, **{data!r})]\n"
     )
+    return inventory
+
+
+def plan_of(vm: Vm, spec: dict, workdir: Path) -> Plan:
+    """The Plan ``gpuhost plan`` makes for ``vm`` from its live facts (gpuhost/cli.py)."""
+    inventory = inventory_file(vm, spec, workdir)
+    ((host_spec, _),) = load_inventory(str(inventory)).values()
+    facts = parse_raw(gather_live(str(inventory))["vm"])
+    control = read_control(host_spec, facts, str(inventory))
+    return make_plan("vm", host_spec, facts, str(inventory), control)
+
+
+def deploy(vm: Vm, spec: dict, workdir: Path, timeout: float = 3000) -> Deploy:
+    """The main deploy on ``vm``, from an inventory like a user's (host keys verified)."""
+    inventory = inventory_file(vm, spec, workdir)
     run = subprocess.run(
         [str(PYINFRA), "-y", str(inventory), "deploys/gpu_host.py"],
         cwd=ROOT,
@@ -150,3 +172,54 @@ PRODUCTION = {n: "0" for n in ("panic", "panic_on_oops", "softlockup_panic")} | 
     "hardlockup_panic": "0",
     "hung_task_panic": "0",
 }
+
+
+# -- GPU boards (twin/vm/boards.py) -------------------------------------------------------------
+
+
+def stand_in_gpus(vm: Vm) -> dict[str, str]:
+    """Give the boards' GPUs their identity (once per boot); returns them by name (A, B, C, D):
+    BDF. C and D are the two behind the PCIe-to-PCI bridge, in bus order."""
+    placed = dict(line.split() for line in vm.ssh(boards.identity_command()).stdout.splitlines())
+    port = {bdf: name for name, bdf in boards.PORTS.items()}
+    under = {name: [b for b, p in sorted(placed.items()) if port.get(p) == name] for name in "AB"}
+    behind_bridge = sorted(b for b, p in placed.items() if p not in port)
+    assert len(under["A"]) == len(under["B"]) == 1 and len(behind_bridge) == 2, placed
+    return {"A": under["A"][0], "B": under["B"][0], "C": behind_bridge[0], "D": behind_bridge[1]}
+
+
+def usb_c(gpu: str) -> str:
+    """The USB-C function of a board (function 1 of the GPU's slot)."""
+    return gpu[:-1] + "1"
+
+
+def guests_spec(release: str, owners: dict[int, list[str]]) -> dict:
+    """The vm tier's spec with a q35 VM per vmid in owners, taking those GPUs (the VMs need no
+    config on the host for the plan: their machine type is given)."""
+    vms = [
+        {"kind": "vm", "vmid": vmid, "name": f"vm{vmid}", "machine": "q35", "gpus": gpus}
+        for vmid, gpus in owners.items()
+    ]
+    return vm_spec(release) | {"guests": vms}
+
+
+def group_of(vm: Vm, bdf: str) -> int:
+    """The IOMMU group the guest's kernel put bdf in."""
+    return int(vm.ssh(f"basename $(readlink /sys/bus/pci/devices/{bdf}/iommu_group)").stdout)
+
+
+def assert_groups_read_and_judged(vm: Vm, release: str, workdir: Path) -> None:
+    """The topology's groups are what the kernel made, gpuhost's plan reads the same, takes a
+    board whole to a VM, and refuses a split that cuts the bridge's group."""
+    gpus = stand_in_gpus(vm)
+    groups = {name: group_of(vm, bdf) for name, bdf in gpus.items()}
+    assert group_of(vm, usb_c(gpus["A"])) == groups["A"]  # one board, one group
+    assert groups["C"] == groups["D"]  # behind one conventional bridge
+    assert len({groups["A"], groups["B"], groups["C"], group_of(vm, boards.HOST_XHCI)}) == 4
+    whole = plan_of(vm, guests_spec(release, {100: [gpus["A"]]}), workdir / "whole")  # accepted
+    assert {g.bdf: g.iommu_group for g in whole.gpus} == {gpus[n]: groups[n] for n in gpus}
+    assert whole.vm_functions == {100: (gpus["A"], usb_c(gpus["A"]))}
+    with pytest.raises(PlanError) as refused:
+        plan_of(vm, guests_spec(release, {100: [gpus["C"]], 101: [gpus["D"]]}), workdir / "cut")
+    said = [p for p in refused.value.problems if f"IOMMU group {groups['C']} is split" in p]
+    assert said and gpus["C"] in said[0] and gpus["D"] in said[0], refused.value.problems
