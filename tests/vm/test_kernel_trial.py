@@ -37,16 +37,22 @@ def new_kernel_spec(vm_kernels: kernel.VmKernels) -> dict:
 
 
 @pytest.fixture(scope="module")
-def first(vm: Vm, vm_kernels, tmp_path_factory) -> tuple[object, int]:
+def first(vm: Vm, vm_kernels, tmp_path_factory) -> tuple[object, int, str]:
+    """The first deploy, where the console was before it, and the old initrd's checksum."""
     start = vm.console_offset()
+    old_initrd = initrd_digest(vm, vm_kernels.old)
     done = deploy(vm, new_kernel_spec(vm_kernels), tmp_path_factory.mktemp("deploy"))
-    return done, start
+    return done, start, old_initrd
+
+
+def initrd_digest(vm: Vm, release: str) -> str:
+    return vm.ssh(f"sha256sum /boot/initrd.img-{release}").stdout.split()[0]
 
 
 def test_the_new_kernel_boots_once_through_the_one_shot_and_is_committed(
     vm: Vm, first, vm_kernels
 ) -> None:
-    done, start = first
+    done, start, old_initrd = first
     assert done.rc == 0, done.output[-3000:]
     assert "passed its trial boot" in done.output
     new = vm_kernels.new
@@ -56,8 +62,10 @@ def test_the_new_kernel_boots_once_through_the_one_shot_and_is_committed(
     assert sysctls(vm) == PRODUCTION
     pin = vm.ssh("cat /etc/default/grub.d/proxmox-kernel-pin.cfg").stdout
     assert f"gnulinux-{new}-advanced-" in pin
-    # the old kernel stays installed: the way back if the new one ever fails
-    assert vm.ssh(f"ls /boot/vmlinuz-{vm_kernels.old} /boot/initrd.img-{vm_kernels.old}").stdout
+    # the old kernel stays installed, its initrd byte for byte (every initramfs step names
+    # the kernel that boots next, never -k all): the way back if the new one ever fails
+    assert vm.ssh(f"ls /boot/vmlinuz-{vm_kernels.old}").stdout
+    assert initrd_digest(vm, vm_kernels.old) == old_initrd
 
 
 def test_a_second_run_changes_nothing(vm: Vm, first, vm_kernels, tmp_path_factory) -> None:

@@ -3,14 +3,22 @@
 systemd): the deploy boots it once through gpuhost's trial entry (next_entry in a real grubenv,
 cleared by GRUB's own save_env), the gate passes, the commit makes it the default; afterwards
 the live panic settings are the production ones, a plain reboot boots the new line, and a
-second run changes nothing. The tests share one VM and run in file order; each
-asks for the first deploy, so it also runs alone."""
+second run changes nothing. With the IOMMU on after that, the GPU boards' real intel-iommu
+groups (twin/vm/boards.py) are what gpuhost's plan reads and judges. The tests share one VM and
+run in file order; each asks for the first deploy, so it also runs alone."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.vm.conftest import PRODUCTION, deploy, sysctls, vm_spec
+from tests.vm.conftest import (
+    PRODUCTION,
+    assert_groups_read_and_judged,
+    deploy,
+    sysctls,
+    vm_spec,
+)
+from twin.vm import boards
 from twin.vm.qemu import BOOT_TIMEOUT, Vm
 
 PLANNED = ("intel_iommu=on", "iommu=pt", "pcie_aspm=off")  # an Intel CPU with its IOMMU
@@ -18,7 +26,7 @@ PLANNED = ("intel_iommu=on", "iommu=pt", "pcie_aspm=off")  # an Intel CPU with i
 
 @pytest.fixture(scope="module")
 def vm(booted) -> Vm:
-    return booted("grub")
+    return booted("grub", extra=boards.topology())  # the boards do not concern the deploy
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +75,8 @@ def test_a_plain_reboot_boots_the_new_line_as_the_default(vm: Vm, first) -> None
     types = vm.ssh("cat /sys/kernel/iommu_groups/*/type").stdout.split()
     assert types and set(types) == {"identity"}
     assert vm.ssh("ls /sys/class/iommu").stdout.split() == ["dmar0"]
+
+
+def test_the_plan_reads_the_intel_iommus_groups(vm: Vm, first, vm_kernels, tmp_path) -> None:
+    assert "intel_iommu=on" in vm.ssh("cat /proc/cmdline").stdout.split()  # the commit's
+    assert_groups_read_and_judged(vm, vm_kernels.old, tmp_path)
