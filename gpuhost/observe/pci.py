@@ -20,8 +20,11 @@ _ATTRS = (
 )
 _SYS = "/sys/bus/pci/devices"
 _DEV = re.compile(r"^dev (?P<bdf>\S+) (?P<target>\S+)$")
+# A driver's name may hold spaces: its sysfs directory is the pci_driver's .name (i6300esb's is
+# "i6300ESB timer", drivers/watchdog/i6300esb.c ESB_MODULE_NAME), so the link target runs to the
+# end of the line (tests/fixtures/captures/vm-q35).
 _LINK = re.compile(
-    rf"^link {_SYS}/(?P<bdf>[^/\s]+)/? (?P<name>driver|iommu_group) (?P<target>\S+)$"
+    rf"^link {_SYS}/(?P<bdf>[^/\s]+)/? (?P<name>driver|iommu_group) (?P<target>\S.*)$"
 )
 _ATTR = re.compile(rf"^{_SYS}/(?P<bdf>[^/]+)/(?P<attr>{'|'.join(_ATTRS)}):(?P<value>.*)$")
 

@@ -28,6 +28,23 @@ def test_h200x2_pci_devices() -> None:
     assert devices["0000:00:01.0"].driver == "virtio-pci"
 
 
+def test_a_driver_name_with_spaces() -> None:
+    """A q35 VM with QEMU's i6300esb watchdog, the vm tier's GPU boards and amd-iommu: the
+    watchdog's driver is "i6300ESB timer" (a deploy failed on that line before)."""
+    devices = parse_pci_devices(captured("vm-q35", "PciDevices"))
+    assert devices["0000:00:03.0"].driver == "i6300ESB timer"
+    assert devices["0000:00:03.0"].vendor_device == "8086:25ab"
+    assert devices["0000:01:00.1"].driver == "xhci_hcd"  # a board's USB-C function
+    assert devices["0000:01:00.0"].driver is None  # the GPU stand-in: no host driver
+    groups = parse_iommu_groups(captured("vm-q35", "IommuGroups"))
+    assert devices["0000:01:00.0"].iommu_group == devices["0000:01:00.1"].iommu_group
+    assert sorted(groups[devices["0000:04:01.0"].iommu_group]) == [
+        "0000:03:00.0",
+        "0000:04:01.0",
+        "0000:04:02.0",
+    ]
+
+
 def test_h200x1_has_one_gpu() -> None:
     devices = parse_pci_devices(captured("h200x1", "PciDevices"))
     assert [d.bdf for d in devices.values() if d.is_gpu] == ["0000:00:06.0"]
