@@ -162,6 +162,23 @@ def deploy(vm: Vm, spec: dict, workdir: Path, timeout: float = 3000) -> Deploy:
     return Deploy(run.returncode, run.stdout + run.stderr)
 
 
+def failed_trial(vm: Vm, spec: dict, workdir: Path, *on_console: str) -> list[str]:
+    """Deploy ``spec``, whose trial must fail and come back: the deploy reports the host back
+    on its old boot, and the console shows GRUB booting the trial entry, then each pattern of
+    ``on_console`` in order, then GRUB again. Returns the command line the kernel after that
+    booted with."""
+    start = vm.console_offset()
+    done = deploy(vm, spec, workdir)
+    assert done.rc != 0 and "the host is back on" in done.output, done.output[-3000:]
+    vm.wait_console(r"Loading Linux \S+ \(gpuhost trial\)", 10, since=start)
+    for pattern in on_console:
+        vm.wait_console(pattern, 10)
+    vm.wait_console(r"GNU GRUB", 10)
+    line = vm.wait_console(r"Command line: (.*)", 10).group(1).split()
+    assert "gpuhost.trial=1" not in line
+    return line
+
+
 def sysctls(vm: Vm) -> dict[str, str]:
     names = "panic panic_on_oops softlockup_panic hardlockup_panic hung_task_panic"
     out = vm.ssh(f"cd /proc/sys/kernel && grep -H . {names}").stdout
