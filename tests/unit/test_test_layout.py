@@ -36,10 +36,12 @@ def test_a_unit_tier_test_cannot_start_a_twin(request):
 
 def test_workers_take_modules_in_the_conftest_order(request):
     """./gpuhost-test keeps tests/conftest.py's run_order (xdist's reorder would put the modules
-    with most tests first, the long few-test e2e modules last), whose first module exists."""
-    from tests.conftest import BUILDS_FIRST, RUN_ORDER, run_order
+    with most tests first, the long few-test e2e modules last), whose first module and longest
+    vm modules exist."""
+    from tests.conftest import BUILDS_FIRST, RUN_ORDER, VM_LONGEST, run_order
 
     script = (TESTS.parent / "gpuhost-test").read_text()
     assert "--dist loadscope --no-loadscope-reorder" in script
     assert (TESTS.parent / BUILDS_FIRST).is_file()
-    assert run_order(request.node) == 1 + RUN_ORDER.index("unit")
+    assert all((TESTS / "vm" / name).is_file() for name in VM_LONGEST)
+    assert run_order(request.node) == (1 + RUN_ORDER.index("unit"), len(VM_LONGEST))

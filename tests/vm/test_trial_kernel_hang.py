@@ -1,8 +1,9 @@
 """A trial that hangs inside the kernel comes back through the detector gpuhost arms for it: on
 the trial boot the root file system stops taking writes (frozen, as a storage path that stopped
 answering), a writer waits in the kernel, sshd (ordered after it) never starts, and the kernel's
-hung-task detector, which ``hung_task_panic=1`` on the trial entry alone turns into a panic,
-reboots it (panic=10) to GRUB's default entry, long before the trial's deadline. The fault is a
+hung-task detector (its timeout set to 30 s by the fault: the host's own sysctl), which
+``hung_task_panic=1`` on the trial entry alone turns into a panic, reboots it (panic=10) to
+GRUB's default entry, long before the trial's deadline. The fault is a
 unit of this test, conditioned on a parameter that only the trial's command line carries.
 
 A watchdog device (QEMU's i6300esb, standing for a server's BMC watchdog) sits in the VM, bound
@@ -18,6 +19,9 @@ from tests.vm.conftest import PRODUCTION, failed_trial, sysctls, vm_spec
 from twin.vm.qemu import Vm
 
 FAULT = "vmtier.fault=storage-hang"
+# The host's own detector timeout (sysctl; the kernel's default is 120 s, and a blocked task is
+# reported one to two timeouts after it blocked): shorter, so the test waits less.
+HUNG_TASK_TIMEOUT = 30
 FAULT_UNIT = f"""[Unit]
 Description=vm tier fault: the root file system stops taking writes and a writer hangs
 DefaultDependencies=no
@@ -28,6 +32,7 @@ Before=ssh.service
 [Service]
 Type=oneshot
 TimeoutStartSec=infinity
+ExecStart=/sbin/sysctl -q kernel.hung_task_timeout_secs={HUNG_TASK_TIMEOUT}
 ExecStart=/sbin/fsfreeze --freeze /
 ExecStart=/bin/touch /vmtier-hung-writer
 
@@ -58,7 +63,7 @@ def test_a_trial_hung_in_the_kernel_comes_back_by_hung_task_panic(
         vm,
         spec,
         tmp_path,
-        r"INFO: task \S+ blocked for more than \d+ seconds",
+        r"INFO: task \S+ blocked for more than \d+ seconds",  # the time it has been blocked
         r"Kernel panic - not syncing: hung_task: blocked tasks",
         r"Rebooting in 10 seconds",
     )
