@@ -17,6 +17,18 @@ from gpuhost.observe.probe import Probe
 LOADER_GUID = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
 EFIVARS = "/sys/firmware/efi/efivars"
 LOADER_VARIABLES = ("LoaderInfo", "LoaderEntryOneShot", "LoaderEntryDefault", "LoaderEntrySelected")
+# What decides Secure Boot, as the kernel's EFI stub decides it before it locks itself down
+# (drivers/firmware/efi/libstub/secureboot.c efi_get_secureboot, and secureboot.c of
+# drivers/firmware/efi): SecureBoot 1 and SetupMode 0 in UEFI's global variables, unless shim's
+# validation was turned off with mokutil (MokSBState 1; shim mirrors it to the runtime-readable
+# MokSBStateRT, which is what `mokutil --sb-state` reads from a running system).
+EFI_GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
+SHIM_LOCK_GUID = "605dab50-e046-4300-abb6-3dd810dd8b23"
+SECURE_BOOT_VARIABLES = {
+    "SecureBoot": EFI_GLOBAL_GUID,
+    "SetupMode": EFI_GLOBAL_GUID,
+    "MokSBStateRT": SHIM_LOCK_GUID,
+}
 BOOT_UUIDS = "/etc/kernel/proxmox-boot-uuids"
 BOOT_PIN = "/etc/kernel/proxmox-boot-pin"
 NEXT_BOOT_PIN = "/etc/kernel/next-boot-pin"
@@ -48,6 +60,20 @@ class BootPathInfo:
     # pve8to9 asks for the systemd-boot meta-package to be removed (pve-manager
     # PVE/CLI/pve8to9.pm, check_bootloader).
     bootctl: bool | None = None
+    # The first data byte of each SECURE_BOOT_VARIABLES variable the firmware has (absent: none)
+    secure_boot_vars: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def secure_boot(self) -> bool:
+        """UEFI Secure Boot is in force: shim checks the kernel it is given and the kernel locks
+        itself down (integrity: no unsigned module loads). False without UEFI or its variable."""
+        sb = self.secure_boot_vars
+        return (
+            self.uefi
+            and sb.get("SecureBoot") == 1
+            and sb.get("SetupMode") != 1
+            and sb.get("MokSBStateRT") != 1
+        )
 
     @property
     def systemd_boot_started(self) -> bool:
@@ -78,12 +104,26 @@ def decode_efivar(hex_bytes: str) -> str:
 
 
 def boot_path_command() -> str:
+    return _boot_path_command(secure_boot=True)
+
+
+def _boot_path_command(secure_boot: bool) -> str:
     reads = " ".join(LOADER_VARIABLES)
+    sb_reads = " ".join(f"{name}-{guid}" for name, guid in SECURE_BOOT_VARIABLES.items())
     return "; ".join(
         [
             "if [ -d /sys/firmware/efi ]; then echo 'uefi yes'; else echo 'uefi no'; fi",
             f"for v in {reads}; do f={EFIVARS}/$v-{LOADER_GUID}; "
             '[ -r "$f" ] && echo "efivar $v $(od -An -tx1 -v "$f" | tr -d \' \\n\')"; done',
+            *(
+                [
+                    f"for v in {sb_reads}; do f={EFIVARS}/$v; "
+                    '[ -r "$f" ] && echo "sbvar ${v%%-*} $(od -An -tx1 -v "$f" | tr -d \' \\n\')"; '
+                    "done"
+                ]
+                if secure_boot
+                else []
+            ),
             f"if [ -f {BOOT_UUIDS} ]; then echo esp-list; "
             f"grep -v '^[[:space:]]*$' {BOOT_UUIDS} | sed 's/^/esp /'; fi",
             "[ -e /boot/grub ] && findmnt -n -o SOURCE,FSTYPE -T /boot/grub 2>/dev/null "
@@ -119,6 +159,12 @@ def parse_boot_path(lines: list[str]) -> BootPathInfo:
                 values["efivars"][name] = decode_efivar(hex_bytes)
             except ValueError as exc:
                 raise UnparsedOutput(what, line, str(exc)) from None
+        elif tag == "sbvar":
+            name, _, hex_bytes = rest.partition(" ")
+            data = bytes.fromhex(hex_bytes) if re.fullmatch(r"(?:[0-9a-f]{2})*", hex_bytes) else b""
+            if name not in SECURE_BOOT_VARIABLES or len(data) < 5:
+                raise UnparsedOutput(what, line, "expected a Secure Boot variable and its bytes")
+            values.setdefault("secure_boot_vars", {})[name] = data[4]  # after 4 attribute bytes
         elif tag == "esp-list":
             values["esp_uuids"] = ()
         elif tag == "esp" and "esp_uuids" in values:
@@ -157,6 +203,7 @@ class BootPath(Probe[BootPathInfo]):
     """
 
     default = BootPathInfo
+    earlier_commands = (_boot_path_command(secure_boot=False),)  # before Secure Boot was read
 
     def command(self) -> str:
         return boot_path_command()

@@ -36,6 +36,7 @@ from gpuhost.plan.model import (
 )
 from gpuhost.plan.monitoring import MonitoringPlan, plan_monitoring
 from gpuhost.plan.preconditions import ControlFacts, Precondition, api_writes, plan_preconditions
+from gpuhost.plan.secure_boot import check_secure_boot
 from gpuhost.plan.trial.boot import TrialBoot
 from gpuhost.plan.trial.state import Step
 from gpuhost.plan.upgrade import ReleaseChange, plan_release_change
@@ -161,6 +162,7 @@ def make_plan(
     notes: list[str] = []
     assignments = phases.split_gpus(spec, facts, problems, notes)
     phases.check_toolchain(spec, facts, problems)
+    check_secure_boot(spec, facts, problems)
     release_change = plan_release_change(spec, facts, problems, notes)
     boot = phases.plan_boot(spec, facts, problems, notes)
     phases.note_gpu_order(facts, assignments, notes)

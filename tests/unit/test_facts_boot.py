@@ -9,7 +9,7 @@ import pytest
 from gpuhost.observe.boot import BootPath, BootPathInfo, decode_efivar, parse_boot_path
 from gpuhost.observe.hostfacts import ADDED_LATER, FACTS, parse_raw
 from gpuhost.observe.parse import UnparsedOutput
-from tests.unit.conftest import proxmox, snapshot
+from tests.unit.conftest import captured, proxmox, snapshot
 
 
 def test_systemd_boot_host() -> None:
@@ -99,3 +99,40 @@ def test_a_snapshot_without_it_loads_as_not_known() -> None:
     assert "BootPath" in FACTS and "BootPath" in ADDED_LATER
     facts = parse_raw(snapshot("h200x2"))
     assert facts.boot_path == BootPathInfo() and not facts.boot_path.known
+
+
+def _sbvar(name: str, value: int) -> str:
+    return f"sbvar {name} 06000000{value:02x}"  # boot-service + runtime access, then the byte
+
+
+@pytest.mark.parametrize(
+    ("lines", "on"),
+    [
+        (["uefi yes", _sbvar("SecureBoot", 1), _sbvar("SetupMode", 0)], True),
+        (["uefi yes", _sbvar("SecureBoot", 0), _sbvar("SetupMode", 0)], False),
+        # setup mode: no platform key, nothing is verified (shim.c secure_mode)
+        (["uefi yes", _sbvar("SecureBoot", 1), _sbvar("SetupMode", 1)], False),
+        # `mokutil --disable-validation`: shim verifies nothing, the kernel does not lock down
+        (["uefi yes", _sbvar("SecureBoot", 1), _sbvar("MokSBStateRT", 1)], False),
+        (["uefi yes"], False),  # firmware without the variable
+        (["uefi no"], False),
+    ],
+)
+def test_secure_boot_as_the_kernel_decides_it(lines: list[str], on: bool) -> None:
+    assert parse_boot_path(lines).secure_boot is on
+
+
+def test_secure_boot_variables_parse_strictly() -> None:
+    with pytest.raises(UnparsedOutput, match="Secure Boot variable"):
+        parse_boot_path(["sbvar PK 0600000001"])
+    with pytest.raises(UnparsedOutput, match="Secure Boot variable"):
+        parse_boot_path(["sbvar SecureBoot 06000000"])  # no data byte
+    with pytest.raises(UnparsedOutput, match="Secure Boot variable"):
+        parse_boot_path(["sbvar SecureBoot 0600000g01"])
+
+
+def test_secure_boot_read_from_real_firmware() -> None:
+    # OVMF with Microsoft's keys, booted through Debian's signed shim (captures/README.md)
+    path = parse_boot_path(captured("vm-q35-secure-boot", "BootPath"))
+    assert path.secure_boot_vars == {"SecureBoot": 1, "SetupMode": 0} and path.secure_boot
+    assert path.grub_source == "/dev/vda2" and path.grubenv == {}

@@ -59,10 +59,14 @@ def vm_kernels() -> kernel.VmKernels:
 @pytest.fixture(scope="session")
 def vm_image(vm_kernels: kernel.VmKernels) -> Callable[..., VmImage]:
     """vm_image(layout, suite="bookworm") -> the cached image of that layout and Debian suite
-    (bookworm: Proxmox VE 8's base, trixie: 9's), booting the old kernel."""
-    return lambda layout, suite="bookworm": image.base_image(
-        suite, layout, [vm_kernels.old_debs.image]
-    )
+    (bookworm: Proxmox VE 8's base, trixie: 9's), booting the old kernel; grub-sb boots
+    Debian's signed kernel, with the old one beside it."""
+
+    def of(layout: str, suite: str = "bookworm") -> VmImage:
+        signed = image.debian_kernel(suite) if layout == "grub-sb" else []
+        return image.base_image(suite, layout, [vm_kernels.old_debs.image, *signed])
+
+    return of
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,9 @@ Proxmox host of that boot path does (docs/reference/trial-boot.md §0):
     grub          GPT, a vfat ESP mounted at /boot/efi, ext4 root holding /boot; grub-efi-amd64
                   installed on the ESP (EFI/BOOT/BOOTX64.EFI and EFI/debian), /boot/grub/grub.cfg
                   (a PVE ext4/xfs UEFI install, with a plain partition instead of LVM)
+    grub-sb       grub with Secure Boot: Debian's signed shim and GRUB on the ESP, Debian's
+                  signed kernel the pinned default beside the unsigned -pve ones (PVE 8.1+'s
+                  Secure Boot installs)
     grub-esp      GRUB on the ESP with --boot-directory on it (<ESP>/grub/grub.cfg, grubenv),
                   kernels at the ESP's root, the ESP not mounted, its UUID in
                   /etc/kernel/proxmox-boot-uuids (proxmox-boot-tool's `grub` mode, §2.4)
@@ -64,7 +67,7 @@ from twin.vm.imagefs import (
 CACHE = rootfs.CACHE_ROOT / "vm"
 DISK_MIB = 3072  # virtual size; the qcow2 holds only what is written (about 1 GiB)
 ESP_MIB = 256
-LAYOUTS = ("grub", "grub-esp", "systemd-boot")
+LAYOUTS = ("grub", "grub-sb", "grub-esp", "systemd-boot")
 # What every image has: an init system and udev, sshd for pyinfra, initramfs-tools and kmod
 # for the kernels (linux-base: Debian's linux-image depends on it), the filesystems' tools,
 # python3 (pyinfra's facts and gpuhost's stand-in tools), lspci, ip, ps, mount.
@@ -85,6 +88,7 @@ COMMON = (
 )
 LOADER = {
     "grub": ("grub-efi-amd64",),
+    "grub-sb": ("grub-efi-amd64", "grub-efi-amd64-signed", "shim-signed", "mokutil"),
     "grub-esp": ("grub-efi-amd64",),
     # bootctl, and systemd-bootx64.efi (bookworm's systemd-boot depends on systemd-boot-efi,
     # trixie's only recommends it)

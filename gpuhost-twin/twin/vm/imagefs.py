@@ -32,6 +32,7 @@ STANDIN_HOOKS = (
 
 
 SERIAL = "console=ttyS0,115200"
+ESP_MOUNTED = ("grub", "grub-sb")  # /boot on the root fs, the ESP at /boot/efi
 
 
 class ImageError(RuntimeError):
@@ -166,7 +167,7 @@ def configure(b: Build, layout: str, root_uuid: str, esp_uuid: str) -> None:
     see the final system: fstab, network, sshd, and no service started while building."""
     b.write("/usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)
     fstab = f"UUID={root_uuid} / ext4 errors=remount-ro 0 1\n"
-    if layout == "grub":  # a PVE ext4 UEFI install mounts its ESP; proxmox-boot-tool's are not
+    if layout in ESP_MOUNTED:  # a PVE ext4 UEFI install mounts its ESP; proxmox-boot-tool's not
         fstab += f"UUID={esp_uuid} /boot/efi vfat defaults 0 1\n"
     b.write("/etc/fstab", fstab)
     b.write("/etc/hostname", "gpuhost-vm\n")
@@ -188,7 +189,7 @@ def configure(b: Build, layout: str, root_uuid: str, esp_uuid: str) -> None:
             "grub-efi-amd64 grub2/update_nvram boolean false\n"))  # fmt: skip
     else:
         b.write("/etc/kernel/cmdline", f"root=UUID={root_uuid} {SERIAL}\n")
-    if layout != "grub":
+    if layout not in ESP_MOUNTED:
         b.write("/etc/kernel/proxmox-boot-uuids", f"{esp_uuid}\n")
     # Proxmox's proxmox-kernel-helper, which no package here provides: gpuhost's stand-in
     # (twin/vm/standin), as the tool and as the kernel and initramfs hooks it installs.
@@ -229,6 +230,21 @@ def _grub(b: Build, esp: Path, kernels: tuple[str, ...], root_uuid: str, esp_uui
     return (
         f"mount /boot/efi\n{EFI_INSTALL} --removable\n{EFI_INSTALL} --bootloader-id=debian\n"
         "update-grub\numount /boot/efi\n"
+    )
+
+
+def _grub_sb(b: Build, esp: Path, kernels: tuple[str, ...], root_uuid: str, esp_uuid: str) -> str:
+    """A Secure Boot install as PVE 8.1+ makes one on ext4: `grub`, with grub-install putting
+    Debian's signed shim and GRUB on the ESP (shimx64.efi as EFI/BOOT/BOOTX64.EFI beside the
+    signed grubx64.efi; grub-install's --uefi-secure-boot, Debian's default where the signed
+    packages are installed), and Debian's signed kernel pinned as the default the way
+    proxmox-boot-tool pins one (/etc/default/grub.d/proxmox-kernel-pin.cfg): the -pve kernels
+    beside it are the vm tier's own builds, unsigned, as gpuhost's are."""
+    (signed,) = (k for k in kernels if not k.endswith("-pve"))
+    entry = f"gnulinux-advanced-{root_uuid}>gnulinux-{signed}-advanced-{root_uuid}"
+    b.write("/etc/default/grub.d/proxmox-kernel-pin.cfg", f'GRUB_DEFAULT="{entry}"\n')
+    return _grub(b, esp, kernels, root_uuid, esp_uuid).replace(
+        EFI_INSTALL, f"{EFI_INSTALL} --uefi-secure-boot"
     )
 
 
@@ -274,7 +290,12 @@ def _systemd_boot(
     return ""
 
 
-LAYOUT_STEPS = {"grub": _grub, "grub-esp": _grub_esp, "systemd-boot": _systemd_boot}
+LAYOUT_STEPS = {
+    "grub": _grub,
+    "grub-sb": _grub_sb,
+    "grub-esp": _grub_esp,
+    "systemd-boot": _systemd_boot,
+}
 
 
 def finish(b: Build) -> str:
