@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhost.guestsw.plan import planned_paths, venv_imports
+from gpuhost.observe.boot import BootPath
 from gpuhost.observe.cuda import DEFAULT_SIZES, CudaProbe, CudaView
 from gpuhost.observe.devices import DeviceNode, NvidiaDeviceNodes
 from gpuhost.observe.guest import LoginEnvironment
@@ -47,6 +48,10 @@ AUDIT_FACTS: dict[str, type[Probe]] = {
 # without all of them reads them as not captured (the host facts' defaults, no storage health).
 # None since the retake of 2026-12-04 08:19 UTC (with MonitoringState and the readiness paths).
 READ_SINCE_CAPTURES: frozenset[str] = frozenset()
+# Facts whose command changed since the captures, each with the command the captures ran (its
+# probe's earlier_commands): BootPath reads the Secure Boot variables since 2026-12-05, which the
+# H200 machine (no /sys/firmware/efi) prints nothing for; no machine was lent to retake it.
+CHANGED_SINCE_CAPTURES: dict[str, str] = {"BootPath": BootPath.earlier_commands[0]}
 # The audit reads every fact the deploy reads (the Plan needs them all), in the same one command,
 # but pve-container's version: it decides how the deploy may write devN entries, not what the
 # audit checks (the entries that are there), and reads as "not captured" here.
@@ -93,16 +98,20 @@ def _commands(
 
 
 def host_command(
-    sizes: tuple[int, ...] = DEFAULT_SIZES, without: frozenset[str] = frozenset()
+    sizes: tuple[int, ...] = DEFAULT_SIZES,
+    without: frozenset[str] = frozenset(),
+    earlier: dict[str, str] | None = None,
 ) -> str:
     """Every fact side by side, then the CUDA probe: libcuda makes missing device nodes (through
     nvidia-modprobe), so the nodes are read before CUDA can touch them. ``without``: facts left
-    out (the command a capture recorded before they were read)."""
+    out, ``earlier``: facts' commands as they were (the command a capture recorded before)."""
     audit = {k: v for k, v in AUDIT_FACTS.items() if k not in without}
     facts = [c for c in _commands(audit, sizes) if c[0] != "CudaProbe"]
     probe = [c for c in _commands(audit, sizes) if c[0] == "CudaProbe"]
     keys = tuple(k for k in HOST_FACT_KEYS if k not in without)
-    first = Combined().command(tuple(combined_args(keys)["commands"]) + tuple(facts))
+    was = earlier or {}
+    host = tuple((k, was.get(k, cmd), tool) for k, cmd, tool in combined_args(keys)["commands"])
+    first = Combined().command(host + tuple(facts))
     return f"{first}\n{Combined().command(tuple(probe))}"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from gpuhost.audit.observe import READ_SINCE_CAPTURES, host_command
+from gpuhost.audit.observe import CHANGED_SINCE_CAPTURES, READ_SINCE_CAPTURES, host_command
 from gpuhost.observe.cuda import DEFAULT_SIZES
 from gpuhost.observe.parse import STATUS_MARK
 from gpuhost.observe.telemetry import TELEMETRY_FIELDS, NvidiaTelemetry
@@ -33,7 +33,7 @@ def telemetry_output() -> str:
 def replay(command: str) -> tuple[int, str, str]:
     if command == host_command(DEFAULT_SIZES):
         # less any fact read since the capture (READ_SINCE_CAPTURES), as test_audit_replay does
-        captured = host_command(DEFAULT_SIZES, without=READ_SINCE_CAPTURES)
+        captured = host_command(DEFAULT_SIZES, READ_SINCE_CAPTURES, CHANGED_SINCE_CAPTURES)
         assert captured == (AUDIT_RUN / "audit-host.cmd").read_text().rstrip("\n")
         return 0, (AUDIT_RUN / "audit-host.out").read_text(), ""
     if command == NvidiaTelemetry().command():

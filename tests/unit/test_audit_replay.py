@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost.audit.observe import READ_SINCE_CAPTURES, host_command, in_container, observe_host
+from gpuhost.audit.observe import (
+    CHANGED_SINCE_CAPTURES,
+    READ_SINCE_CAPTURES,
+    host_command,
+    in_container,
+    observe_host,
+)
 from gpuhost.audit.run import audit_all, read_host
 from gpuhost.observe.cuda import DEFAULT_SIZES, parse_cuda_probe
 from gpuhost.observe.devices import parse_device_nodes
@@ -41,10 +47,11 @@ APPLIES = {
 
 def replay(command: str) -> tuple[int, str, str]:
     """The capture's output, for exactly today's command (less any fact read since the capture,
-    gpuhost.audit.observe.READ_SINCE_CAPTURES: none since the 2026-12-04 08:19 retake)."""
+    gpuhost.audit.observe.READ_SINCE_CAPTURES: none since the 2026-12-04 08:19 retake), with the
+    commands it ran then (CHANGED_SINCE_CAPTURES)."""
     recorded = (RUN / "audit-host.cmd").read_text().rstrip("\n")
     assert command == host_command(DEFAULT_SIZES)
-    captured = host_command(DEFAULT_SIZES, without=READ_SINCE_CAPTURES)
+    captured = host_command(DEFAULT_SIZES, READ_SINCE_CAPTURES, CHANGED_SINCE_CAPTURES)
     assert captured == recorded, "the host command changed: recapture with tools/device-audit.sh"
     return 0, (RUN / "audit-host.out").read_text(), ""
 
