@@ -61,6 +61,7 @@ RUN_ORDER = ("vm", "e2e", "build", "twin", "unit")
 VM_LONGEST = (
     "test_trial_kernel_hang.py",
     "test_kernel_trial.py",
+    "test_trial_bios_lvm.py",
     "test_emergency_backstop.py",
     "test_trial_hang.py",
 )

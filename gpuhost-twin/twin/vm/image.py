@@ -12,6 +12,8 @@ Proxmox host of that boot path does (docs/reference/trial-boot.md §0):
     grub-esp      GRUB on the ESP with --boot-directory on it (<ESP>/grub/grub.cfg, grubenv),
                   kernels at the ESP's root, the ESP not mounted, its UUID in
                   /etc/kernel/proxmox-boot-uuids (proxmox-boot-tool's `grub` mode, §2.4)
+    bios-lvm      legacy BIOS (SeaBIOS): a BIOS boot partition with GRUB's i386-pc core, LVM
+                  VG pve with LV root holding /boot (a PVE ext4 install on BIOS), no ESP
     systemd-boot  systemd-bootx64.efi as EFI/BOOT/BOOTX64.EFI, loader.conf and one entry per
                   kernel as proxmox-boot-tool writes them (§1.1), the ESP not mounted
 
@@ -45,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from twin import rootfs
+from twin.vm import lvm
 from twin.vm.imagefs import (
     IN_IMAGE,
     IN_IMAGE_HEAD,
@@ -67,7 +70,7 @@ from twin.vm.imagefs import (
 CACHE = rootfs.CACHE_ROOT / "vm"
 DISK_MIB = 3072  # virtual size; the qcow2 holds only what is written (about 1 GiB)
 ESP_MIB = 256
-LAYOUTS = ("grub", "grub-sb", "grub-esp", "systemd-boot")
+LAYOUTS = ("grub", "grub-sb", "grub-esp", "bios-lvm", "systemd-boot")
 # What every image has: an init system and udev, sshd for pyinfra, initramfs-tools and kmod
 # for the kernels (linux-base: Debian's linux-image depends on it), the filesystems' tools,
 # python3 (pyinfra's facts and gpuhost's stand-in tools), lspci, ip, ps, mount.
@@ -90,6 +93,7 @@ LOADER = {
     "grub": ("grub-efi-amd64",),
     "grub-sb": ("grub-efi-amd64", "grub-efi-amd64-signed", "shim-signed", "mokutil"),
     "grub-esp": ("grub-efi-amd64",),
+    "bios-lvm": ("grub-pc", "lvm2"),
     # bootctl, and systemd-bootx64.efi (bookworm's systemd-boot depends on systemd-boot-efi,
     # trixie's only recommends it)
     "systemd-boot": ("systemd-boot", "systemd-boot-efi"),
@@ -130,6 +134,7 @@ def image_key(suite: str, layout: str, kernel_debs: Sequence[Path]) -> str:
         Path(f"{client_key()}.pub").read_text(),
         inspect.getsource(sys.modules[__name__]),
         inspect.getsource(sys.modules["twin.vm.imagefs"]),
+        inspect.getsource(lvm),
         *((STANDIN / name).read_text() for name in STANDIN_FILES),
     ]
     return hashlib.sha256("\n".join(recipe).encode()).hexdigest()[:16]
@@ -239,17 +244,24 @@ def _build(target: Path, suite: str, layout: str, debs: list[Path]) -> None:
         b = Build(tmp / "build.log", undo)
         with open(raw, "wb") as f:
             f.truncate(DISK_MIB << 20)  # sparse: only written blocks take space
-        b.run(["sgdisk", "-n", f"1:1MiB:+{ESP_MIB}MiB", "-t", "1:ef00", "-c", "1:EFI system partition",
-               "-n", "2:0:0", "-t", "2:8304", "-c", "2:root", raw])  # fmt: skip
+        bios = layout == "bios-lvm"
+        first = ["1:1MiB:+1MiB", "1:ef02", "1:BIOS boot"] if bios else [
+            f"1:1MiB:+{ESP_MIB}MiB", "1:ef00", "1:EFI system partition"]  # fmt: skip
+        second = ["2:8e00", "2:pve"] if bios else ["2:8304", "2:root"]
+        b.run(["sgdisk", "-n", first[0], "-t", first[1], "-c", first[2],
+               "-n", "2:0:0", "-t", second[0], "-c", second[1], raw])  # fmt: skip
         loop = b.run(["losetup", "--show", "-f", "-P", raw]).strip()
         undo.callback(b.run, ["losetup", "-d", loop])
         esp_dev, root_dev = f"{loop}p1", f"{loop}p2"
         if not Path(esp_dev).exists():  # a kernel without GPT parsing (CONFIG_EFI_PARTITION)
             b.run(["partx", "-a", loop])  # adds the partitions through BLKPG instead
-        b.run(["mkfs.vfat", "-F", "32", "-n", "ESP", esp_dev])
+        if bios:
+            root_dev = lvm.root_lv(b, root_dev)
+        else:
+            b.run(["mkfs.vfat", "-F", "32", "-n", "ESP", esp_dev])
         b.run(["mkfs.ext4", "-q", "-L", "root", root_dev])
         root_uuid = b.run(["blkid", "-s", "UUID", "-o", "value", root_dev]).strip()
-        esp_uuid = b.run(["blkid", "-s", "UUID", "-o", "value", esp_dev]).strip()
+        esp_uuid = "" if bios else b.run(["blkid", "-s", "UUID", "-o", "value", esp_dev]).strip()
         b.root = tmp / "root"
         b.mount(root_dev, b.root)
         b.run(["cp", "-a", f"{stage}/.", b.root])
@@ -279,7 +291,7 @@ def _build(target: Path, suite: str, layout: str, debs: list[Path]) -> None:
     if any(esp.iterdir()):
         offset = f"{raw}@@1M"  # mtools reaches the ESP inside the raw disk at its offset
         b.run(["mcopy", "-s", "-i", offset, *sorted(esp.iterdir()), "::"])
-    run_in_image(b, tmp, raw, kernels[-1], root_uuid)
+    run_in_image(b, tmp, raw, kernels[-1], lvm.ROOT_DEVICE if bios else f"UUID={root_uuid}")
     b.run(["qemu-img", "convert", "-O", "qcow2", raw, tmp / "disk.qcow2"])
     for leftover in (raw, *tmp.glob("vmlinuz-*"), *tmp.glob("initrd.img-*")):
         leftover.unlink()
@@ -292,6 +304,7 @@ def _build(target: Path, suite: str, layout: str, debs: list[Path]) -> None:
 
 APT_TOOLS = (
     "debootstrap",
+    "lvm2",
     "gdisk",
     "dosfstools",
     "mtools",
@@ -300,6 +313,7 @@ APT_TOOLS = (
     "ovmf",
 )
 TOOLS = ("debootstrap", "sgdisk", "partx", "losetup", "mkfs.vfat", "mcopy", "qemu-img", QEMU)
+TOOLS += ("pvcreate", "vgcfgrestore")
 
 
 def missing() -> list[str]:

@@ -42,6 +42,7 @@ class ImageError(RuntimeError):
 # Build steps run with a fixed environment: no prompts (apt, debconf), C messages in the log.
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "HOME": "/root"}
 ENV |= {"DEBIAN_FRONTEND": "noninteractive", "MTOOLS_SKIP_CHECK": "1"}
+ENV |= {"LVM_SUPPRESS_FD_WARNINGS": "1"}  # the build's inherited descriptors are no news
 
 
 def run(
@@ -123,13 +124,13 @@ echo o >/proc/sysrq-trigger
 """
 
 
-def run_in_image(b: Build, tmp: Path, raw: Path, kver: str, root_uuid: str) -> None:
+def run_in_image(b: Build, tmp: Path, raw: Path, kver: str, root: str) -> None:
     """Boot the image's kernel (OVMF's direct kernel boot: a UEFI system, as on a real
-    install) with IN_IMAGE as init; its console goes to the build log."""
+    install) with IN_IMAGE as init, root= ``root``; its console goes to the build log."""
     console = tmp / "in-image.log"
     ovmf = Path("/usr/share/OVMF")
     shutil.copy(ovmf / "OVMF_VARS_4M.fd", tmp / "vars.fd")
-    cmdline = f"root=UUID={root_uuid} rw {SERIAL} init={IN_IMAGE} panic=-1"
+    cmdline = f"root={root} rw {SERIAL} init={IN_IMAGE} panic=-1"
     argv: list[str | Path] = [QEMU, "-accel", "tcg", "-machine", "q35", "-cpu", "max", "-m", "1024"]
     argv += ["-nographic", "-monitor", "none", "-no-reboot", "-serial", f"file:{console}"]
     argv += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={ovmf}/OVMF_CODE_4M.fd"]
@@ -167,7 +168,8 @@ def configure(b: Build, layout: str, root_uuid: str, esp_uuid: str) -> None:
     see the final system: fstab, network, sshd, and no service started while building."""
     b.write("/usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)
     # No fsck pass (a fresh image each VM; fsck cost 6 s of a boot under TCG)
-    fstab = f"UUID={root_uuid} / ext4 errors=remount-ro 0 0\n"
+    root = "/dev/pve/root" if layout == "bios-lvm" else f"UUID={root_uuid}"  # as PVE writes it
+    fstab = f"{root} / ext4 errors=remount-ro 0 0\n"
     if layout in ESP_MOUNTED:  # a PVE ext4 UEFI install mounts its ESP; proxmox-boot-tool's not
         fstab += f"UUID={esp_uuid} /boot/efi vfat defaults 0 0\n"
     b.write("/etc/fstab", fstab)
@@ -184,14 +186,18 @@ def configure(b: Build, layout: str, root_uuid: str, esp_uuid: str) -> None:
     )
     b.write("/root/.ssh/authorized_keys", Path(f"{client_key()}.pub").read_text(), 0o600)
     (b.root / "root/.ssh").chmod(0o700)
-    if layout.startswith("grub"):
+    if layout == "bios-lvm":  # grub-install runs in the image's own kernel, on /dev/vda
+        b.chroot("debconf-set-selections", stdin=(
+            "grub-pc grub-pc/install_devices multiselect\n"
+            "grub-pc grub-pc/install_devices_empty boolean true\n"))  # fmt: skip
+    elif layout.startswith("grub"):
         # Keep EFI/BOOT/BOOTX64.EFI current on later grub-efi-amd64 upgrades; NVRAM is the VM's.
         b.chroot("debconf-set-selections", stdin=(
             "grub-efi-amd64 grub2/force_efi_extra_removable boolean true\n"
             "grub-efi-amd64 grub2/update_nvram boolean false\n"))  # fmt: skip
     else:
         b.write("/etc/kernel/cmdline", f"root=UUID={root_uuid} {SERIAL}\n")
-    if layout not in ESP_MOUNTED:
+    if layout not in (*ESP_MOUNTED, "bios-lvm"):
         b.write("/etc/kernel/proxmox-boot-uuids", f"{esp_uuid}\n")
     # Proxmox's proxmox-kernel-helper, which no package here provides: gpuhost's stand-in
     # (twin/vm/standin), as the tool and as the kernel and initramfs hooks it installs.
@@ -268,6 +274,14 @@ def _grub_sb(b: Build, esp: Path, kernels: tuple[str, ...], root_uuid: str, esp_
     )
 
 
+def _bios_lvm(b: Build, esp: Path, kernels: tuple[str, ...], root_uuid: str, esp_uuid: str) -> str:
+    """A PVE ext4 install on legacy BIOS: GRUB's i386-pc core in the disk's BIOS boot partition,
+    /boot/grub on the LVM root (docs/reference/trial-boot.md §0), where GRUB reads grubenv but
+    cannot write it: `save_env` fails on an LVM (diskfilter) device."""
+    default_grub(b)
+    return "grub-install --target=i386-pc /dev/vda\nupdate-grub\n"
+
+
 def _grub_esp(b: Build, esp: Path, kernels: tuple[str, ...], root_uuid: str, esp_uuid: str) -> str:
     """proxmox-boot-tool's `grub` mode (docs/reference/trial-boot.md §2.4): GRUB with --boot-directory on the
     ESP (<ESP>/grub/grub.cfg, grubenv), the kernels at the ESP's root, grub.cfg rendered by
@@ -314,6 +328,7 @@ LAYOUT_STEPS = {
     "grub": _grub,
     "grub-sb": _grub_sb,
     "grub-esp": _grub_esp,
+    "bios-lvm": _bios_lvm,
     "systemd-boot": _systemd_boot,
 }
 

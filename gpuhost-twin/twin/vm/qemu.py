@@ -99,6 +99,7 @@ class Vm:
         workdir: Path,
         *,
         secure_boot: bool = False,
+        bios: bool = False,  # SeaBIOS (QEMU's default firmware) instead of OVMF
         iommu: Literal["intel", "amd"] | None = "intel",
         extra: Sequence[str] = (),
         memory_mb: int = 1024,
@@ -113,7 +114,8 @@ class Vm:
             check=True,
         )
         ms = ".ms" if secure_boot else ""  # Microsoft's keys enrolled: shim-signed boots
-        shutil.copy(OVMF / f"OVMF_VARS_4M{ms}.fd", vars_fd)
+        if not bios:
+            shutil.copy(OVMF / f"OVMF_VARS_4M{ms}.fd", vars_fd)
         machine = "q35" + (",smm=on" if secure_boot else "")
         # intremap needs a split irqchip under KVM; TCG ignores the property, so it is harmless.
         machine += ",kernel-irqchip=split" if iommu == "intel" else ""
@@ -136,11 +138,12 @@ class Vm:
             "logappend=on",
         ]
         argv += ["-serial", "chardev:con", "-no-reboot"]  # a reset restarts QEMU (see above)
-        argv += [
-            "-drive",
-            f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF}/OVMF_CODE_4M{ms}.fd",
-        ]
-        argv += ["-drive", f"if=pflash,format=raw,unit=1,file={vars_fd}"]
+        if not bios:
+            argv += [
+                "-drive",
+                f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF}/OVMF_CODE_4M{ms}.fd",
+            ]
+            argv += ["-drive", f"if=pflash,format=raw,unit=1,file={vars_fd}"]
         if secure_boot:
             argv += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
         if iommu:  # before the other PCI devices, so they sit behind it
