@@ -1,5 +1,6 @@
 """How a boot ends before anything can confirm it (stdlib plus twin): a panic's log, and where
-a booted kernel's userspace stops.
+a booted kernel stops: initramfs-tools' shell (BREAK_POINTS), or systemd's emergency or rescue
+mode.
 
 systemd boots rescue.target or emergency.target instead of the default when the command line
 says so (systemd's man/kernel-command-line.xml: `emergency`, `-b` and `rescue`, `single`, `s`,
@@ -21,6 +22,12 @@ from __future__ import annotations
 import re
 
 BACKSTOP_SCRIPT = "/etc/initramfs-tools/scripts/init-top/gpuhost-trial-backstop"
+# initramfs-tools 0.142 (Debian 12): init calls maybe_break at these points, in this order, and
+# runs the init-top scripts (the backstop among them) between top and modules; maybe_break
+# spawns the shell through panic() where `break=` (a comma list; bare `break` is premount)
+# names the point (init L142-170, L216-295; scripts/functions maybe_break). A root device that
+# never appears goes through the same panic().
+BREAK_POINTS = ("top", "modules", "premount", "mount", "mountroot", "bottom", "init")
 _RESCUE = {"rescue", "single", "s", "S", "1"}
 _EMERGENCY = {"emergency", "-b"}
 
@@ -40,6 +47,34 @@ def userspace_stop(cmdline: str) -> str:
                 unit, ""
             )
     return stop
+
+
+def initramfs_stop(cmdline: str) -> str:
+    """The first point where initramfs-tools' init stops in its shell ('' when it does not):
+    the last break= wins, as init parses the line in order."""
+    value = ""
+    for word in cmdline.split():
+        if word == "break":
+            value = "premount"
+        elif word.startswith("break="):
+            value = word.removeprefix("break=")
+    named = value.split(",")
+    return next((p for p in BREAK_POINTS if p in named), "")
+
+
+def initramfs_panic(cmdline: str) -> int | None:
+    """What initramfs-tools' panic() does instead of its shell, from the last panic=: seconds
+    before `reboot -f` (0 for a negative value: at once), -1 for `halt -f` (0 or not a number),
+    None when no panic= is given (the shell waits). scripts/functions, panic()."""
+    found = [w.removeprefix("panic=") for w in cmdline.split() if w.startswith("panic=")]
+    if not found:
+        return None
+    value = found[-1]
+    if re.fullmatch(r"-[0-9.]*", value):
+        return 0
+    if re.fullmatch(r"[0-9.]+", value) and value != "0":
+        return int(float(value))
+    return -1
 
 
 def backstop_deadline(cmdline: str, initramfs: dict | None) -> int | None:
@@ -72,12 +107,45 @@ def stop_log(kernel: str, cmdline: str, stop: str, deadline: int | None) -> list
     return lines
 
 
+def _initramfs_stopped(
+    kernel: str, cmdline: str, point: str, deadline: int | None
+) -> tuple[list[str], str, str]:
+    log = [f"Linux version {kernel}", f"Command line: {cmdline}"]
+    if point != "top" and deadline is not None:  # init-top ran: the backstop is armed
+        log.append(
+            f"gpuhost: trial boot: backstop reboot in {deadline}s unless gpuhost confirms it"
+        )
+    else:
+        deadline = None
+    log.append("Spawning shell within the initramfs")
+    where = f"the initramfs shell ({point})"
+    delay = initramfs_panic(cmdline)
+    if delay is not None and delay >= 0:
+        log.append("Rebooting automatically due to panic= boot argument")
+        panic = next(w for w in reversed(cmdline.split()) if w.startswith("panic="))
+        return log, f"stopped in {where}; rebooted by {panic}", ""
+    if delay is not None:
+        log.append("Halting automatically due to panic= boot argument")
+        panic = next(w for w in reversed(cmdline.split()) if w.startswith("panic="))
+        return log, f"halted in {where}", f"kernel {kernel} halts in the initramfs ({panic})"
+    if deadline is None:
+        why = f"kernel {kernel} stops in {where} and waits for someone at the console"
+        return log, f"stopped in {where}; waits at the console", why
+    log += [f"gpuhost: trial boot not confirmed within {deadline}s of its start: rebooting to "
+            "the default entry", "sysrq: Resetting"]  # fmt: skip
+    return log, f"stopped in {where}; rebooted by the backstop ({deadline} s)", ""
+
+
 def stopped(kernel: str, cmdline: str, initramfs: dict | None) -> tuple[list[str], str, str]:
     """(the boot's log, what happened, why the host is bricked or ''): gpuhost's backstop
     reboots it (into whatever the loader picks next, the one-shot consumed) where the trial
-    armed it in this boot's initramfs; otherwise it waits for the console."""
-    stop = userspace_stop(cmdline)
+    armed it in this boot's initramfs; otherwise it waits for the console. A stop in the
+    initramfs comes first, and there initramfs-tools' own panic= handling may reboot it."""
     deadline = backstop_deadline(cmdline, initramfs)
+    point = initramfs_stop(cmdline)
+    if point:
+        return _initramfs_stopped(kernel, cmdline, point, deadline)
+    stop = userspace_stop(cmdline)
     log = stop_log(kernel, cmdline, stop, deadline)
     if deadline is None:
         why = f"kernel {kernel} stops in systemd's {stop} and waits for someone at the console"

@@ -7,6 +7,7 @@ kernel's."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,43 @@ def test_a_grub_trial_entry_whose_files_are_gone(tmp_path: Path, reboots: bool) 
         return
     ht.boot_root(root, prof)
     assert state(root)["kernel"] == OLD and "gpuhost.trial" not in state(root)["cmdline"]
+
+
+TRIAL = "root=ZFS=rpool/ROOT/pve-1 boot=zfs gpuhost.trial=1 gpuhost.trial_deadline=1500"
+
+
+@pytest.mark.parametrize(
+    ("stop", "result"),
+    [
+        # initramfs-tools' panic() reboots instead of the shell when panic=N > 0 is given (the
+        # real boot: tests/vm/test_emergency_backstop.py)
+        ("break=premount panic=10", "stopped in the initramfs shell (premount); rebooted by panic=10"),
+        ("break panic=10", "stopped in the initramfs shell (premount); rebooted by panic=10"),
+        ("break=mount,top panic=-1", "stopped in the initramfs shell (top); rebooted by panic=-1"),
+        # no panic=: the shell waits, but the backstop was armed at init-top
+        ("break=premount", "stopped in the initramfs shell (premount); rebooted by the backstop (1500 s)"),
+    ],
+)  # fmt: skip
+def test_a_trial_stopped_in_the_initramfs_shell_comes_back(
+    tmp_path: Path, stop: str, result: str
+) -> None:
+    root, prof = _trial_root(tmp_path, f"{TRIAL} {stop}", with_backstop=True)
+    ht.boot_root(root, prof)
+    assert state(root)["kernel"] == OLD and "gpuhost.trial=1" not in state(root)["cmdline"]
+    assert state(root)["boot_attempts"][0] == {"kernel": OLD, "result": result}
+
+
+@pytest.mark.parametrize(
+    ("stop", "why"),
+    [
+        ("break=top", "stops in the initramfs shell (top) and waits for someone at the console"),
+        ("break=premount panic=0", "halts in the initramfs (panic=0)"),
+    ],
+)
+def test_an_initramfs_stop_nothing_reboots_bricks_the_host(
+    tmp_path: Path, stop: str, why: str
+) -> None:
+    """break=top stops before the init-top scripts, the backstop among them; panic=0 halts."""
+    root, prof = _trial_root(tmp_path, f"{TRIAL} {stop}", with_backstop=True)
+    with pytest.raises(boot.BrickedError, match=re.escape(why)):
+        ht.boot_root(root, prof)
