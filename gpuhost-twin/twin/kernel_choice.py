@@ -93,8 +93,7 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
             why = "zfs"  # the initramfs cannot import the root pool (hwsim/storage.py)
         if not why and "oops=panic" in cmdline.split():  # else the oops kills modules-load only
             why = gsp_mismatch(hw, kernel)
-        stops = boot_stop.initramfs_stop(cmdline) or boot_stop.userspace_stop(cmdline)
-        if not why and not stops:
+        if not why and not boot_stop.initramfs_stop(cmdline) + boot_stop.userspace_stop(cmdline):
             attempts.append({"kernel": kernel, "result": "booted"})
             return kernel, cmdline, attempts
         if not why:  # userspace stops before anything can confirm the boot (twin/boot_stop.py)
@@ -114,8 +113,7 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
 
 
 def _stopped(hw: hwsim.Hw, kernel: str, cmdline: str, attempts: list[dict]) -> None:
-    """A boot that stops in the initramfs's shell or systemd's emergency or rescue mode
-    (twin/boot_stop.py)."""
+    """A boot that stops in the initramfs shell or systemd's emergency or rescue mode."""
     log, result, bricked = boot_stop.stopped(kernel, cmdline, initramfs_of(hw, kernel))
     hw.state["panic_log"] = log
     attempts.append({"kernel": kernel, "result": result})
