@@ -157,6 +157,7 @@ def test_devn_gives_exactly_its_gpus_and_survives_a_major_change(kpro6):
 
     before = majors(twin)["nvidia-uvm"]
     twin.reboot()
+    guests_started(twin)
     assert majors(twin)["nvidia-uvm"] != before
     sh(twin, f"pct status {CT} | grep -qx 'status: running'")  # onboot: 1
     assert nodes_inside(twin) == expected_nodes(twin)  # Proxmox resolved the live majors
@@ -233,6 +234,7 @@ def test_a_host_driver_change_brings_the_container_userspace_along(kpro6):
     # reboots into the new one; the container comes back on its old userspace.
     sh(twin, "rm -rf /lib/modules/$(uname -r)/updates/dkms && depmod -a")
     twin.reboot()
+    guests_started(twin)  # pve-guests starts the container after the reboot returns
     assert f"  {VERSION}  " in (twin.root / "proc/driver/nvidia/version").read_text()
     rc, out, _ = inside(twin, "nvidia-smi -L")
     assert rc == 18 and "Driver/library version mismatch" in out, out
