@@ -120,13 +120,12 @@ def _initramfs_stopped(
     log.append("Spawning shell within the initramfs")
     where = f"the initramfs shell ({point})"
     delay = initramfs_panic(cmdline)
+    panic = next((w for w in reversed(cmdline.split()) if w.startswith("panic=")), "")
     if delay is not None and delay >= 0:
         log.append("Rebooting automatically due to panic= boot argument")
-        panic = next(w for w in reversed(cmdline.split()) if w.startswith("panic="))
         return log, f"stopped in {where}; rebooted by {panic}", ""
     if delay is not None:
         log.append("Halting automatically due to panic= boot argument")
-        panic = next(w for w in reversed(cmdline.split()) if w.startswith("panic="))
         return log, f"halted in {where}", f"kernel {kernel} halts in the initramfs ({panic})"
     if deadline is None:
         why = f"kernel {kernel} stops in {where} and waits for someone at the console"

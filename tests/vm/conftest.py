@@ -183,6 +183,28 @@ def failed_trial(vm: Vm, spec: dict, workdir: Path, *on_console: str) -> list[st
     return line
 
 
+def plain_reboot(vm: Vm, planned: tuple[str, ...], loader: str | None = "GNU GRUB") -> list[str]:
+    """Reboot with no one-shot set (through ``loader``'s menu, seen on the console): the line
+    booted carries ``planned`` and not the trial's mark, and the panic settings are
+    production's. Returns that command line."""
+    start = vm.reboot(BOOT_TIMEOUT)
+    if loader:
+        vm.wait_console(loader, 10, since=start)
+    cmdline = vm.ssh("cat /proc/cmdline").stdout.split()
+    assert all(p in cmdline for p in planned) and "gpuhost.trial=1" not in cmdline
+    assert sysctls(vm) == PRODUCTION
+    return cmdline
+
+
+# What a refused run must leave as it was: the loaders' files, kernels, initrds, grubenv, module
+# options and loads.
+BOOT_FILES = "/boot /etc/default /etc/kernel /etc/modprobe.d /etc/modules-load.d /etc/grub.d"
+
+
+def boot_files_digest(vm: Vm) -> str:
+    return vm.ssh(f"find {BOOT_FILES} -type f -print0 | sort -z | xargs -0 sha256sum").stdout
+
+
 def sysctls(vm: Vm) -> dict[str, str]:
     names = "panic panic_on_oops softlockup_panic hardlockup_panic hung_task_panic"
     out = vm.ssh(f"cd /proc/sys/kernel && grep -H . {names}").stdout

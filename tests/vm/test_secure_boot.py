@@ -18,7 +18,7 @@ from gpuhost.plan.trial.grub import (
     GRUB_TRIAL_SCRIPT,
     grub_trial_script,
 )
-from tests.vm.conftest import DRIVER, deploy
+from tests.vm.conftest import DRIVER, boot_files_digest, deploy
 from tests.vm.test_kernel_trial import new_kernel_spec
 from twin.vm.qemu import BOOT_TIMEOUT, Vm
 
@@ -32,8 +32,6 @@ assert data.endswith(marker), "not a signed module"
 (sig_len,) = struct.unpack(">I", data[-len(marker) - 4 : -len(marker)])
 open(sys.argv[2], "wb").write(data[: -len(marker) - 12 - sig_len])
 """
-# What the host's boot would read: loader files, kernels, initrds, grubenv, modprobe.d
-WATCHED = "/boot /etc/default /etc/kernel /etc/modprobe.d /etc/modules-load.d /etc/grub.d"
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +64,13 @@ def test_the_locked_down_kernel_rejects_an_unsigned_module(vm: Vm) -> None:
 def test_the_plan_refuses_before_the_first_change(vm: Vm, vm_kernels, tmp_path) -> None:
     spec = new_kernel_spec(vm_kernels)  # the -pve kernel as gpuhost builds it, and its modules
     spec["driver"] = {"version": DRIVER, "source": {"tree": "/nowhere", "store": "/nowhere"}}
-    digest = f"find {WATCHED} -type f -print0 | sort -z | xargs -0 sha256sum"
-    before = vm.ssh(digest).stdout
+    before = boot_files_digest(vm)
     done = deploy(vm, spec, tmp_path)
     assert done.rc != 0, done.output[-3000:]
     refusals = re.findall(r"Secure Boot is on, [^\n]*", done.output)
     assert any("bad shim signature" in r for r in refusals), done.output[-3000:]
     assert any("loads no unsigned module" in r for r in refusals), done.output[-3000:]
-    assert vm.ssh(digest).stdout == before
+    assert boot_files_digest(vm) == before
 
 
 def test_shim_refuses_an_unsigned_trial_kernel_and_the_host_comes_back(vm: Vm) -> None:

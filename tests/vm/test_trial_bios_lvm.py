@@ -14,31 +14,29 @@ import re
 import pytest
 
 from gpuhost.plan.trial.boot import WAYS_OUT
-from tests.vm.conftest import PRODUCTION, deploy, sysctls, vm_spec
-from twin.vm.qemu import BOOT_TIMEOUT, Vm
+from tests.vm.conftest import PRODUCTION, boot_files_digest, deploy, plain_reboot, sysctls, vm_spec
+from twin.vm.qemu import Vm
 
 PLANNED = ("intel_iommu=on", "iommu=pt", "pcie_aspm=off")
-WATCHED = "/boot /etc/default /etc/kernel /etc/modprobe.d /etc/grub.d"
 
 
 @pytest.fixture(scope="module")
 def vm(booted) -> Vm:
-    return booted("bios-lvm", bios=True)
+    return booted("bios-lvm")
 
 
 def test_without_a_oneshot_the_trial_is_refused_before_any_change(
     vm: Vm, vm_kernels, tmp_path
 ) -> None:
     assert vm.ssh("test -d /sys/firmware/efi", check=False).returncode != 0  # SeaBIOS
-    digest = f"find {WATCHED} -type f -print0 | sort -z | xargs -0 sha256sum"
-    before = vm.ssh(digest).stdout
+    before = boot_files_digest(vm)
     done = deploy(vm, vm_spec(vm_kernels.old), tmp_path)
     assert done.rc != 0, done.output[-3000:]
     said = re.search(r"no true one-shot on this host: ([^\n]*)", done.output)
     assert said, done.output[-3000:]
     assert "/boot/grub is on /dev/mapper/pve-root (LVM or device-mapper)" in said[1]
     assert WAYS_OUT.split(" (")[0] in said[1] and "without_oneshot: true" in said[1]
-    assert vm.ssh(digest).stdout == before
+    assert boot_files_digest(vm) == before
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +59,7 @@ def test_with_without_oneshot_the_trial_boots_passes_and_is_committed(vm: Vm, ac
 
 
 def test_a_plain_reboot_boots_the_committed_line(vm: Vm, accepted) -> None:
-    start = vm.reboot(BOOT_TIMEOUT)
-    vm.wait_console(r"GNU GRUB", 10, since=start)
-    cmdline = vm.ssh("cat /proc/cmdline").stdout.split()
-    assert all(p in cmdline for p in PLANNED) and "gpuhost.trial=1" not in cmdline
-    assert sysctls(vm) == PRODUCTION
+    plain_reboot(vm, PLANNED)
 
 
 def test_a_second_run_changes_nothing(vm: Vm, accepted, vm_kernels, tmp_path) -> None:

@@ -15,11 +15,12 @@ from tests.vm.conftest import (
     PRODUCTION,
     assert_groups_read_and_judged,
     deploy,
+    plain_reboot,
     sysctls,
     vm_spec,
 )
 from twin.vm import boards
-from twin.vm.qemu import BOOT_TIMEOUT, Vm
+from twin.vm.qemu import Vm
 
 PLANNED = ("intel_iommu=on", "iommu=pt", "pcie_aspm=off")  # an Intel CPU with its IOMMU
 
@@ -65,12 +66,8 @@ def test_a_second_run_changes_nothing(vm: Vm, first, vm_kernels, tmp_path_factor
 
 
 def test_a_plain_reboot_boots_the_new_line_as_the_default(vm: Vm, first) -> None:
-    start = vm.reboot(BOOT_TIMEOUT)
-    vm.wait_console(r"GNU GRUB", 10, since=start)
-    cmdline = vm.ssh("cat /proc/cmdline").stdout.split()
-    assert all(p in cmdline for p in PLANNED) and "gpuhost.trial=1" not in cmdline
+    cmdline = plain_reboot(vm, PLANNED)
     assert not any(p.startswith(("panic=", "oops=")) for p in cmdline)
-    assert sysctls(vm) == PRODUCTION
     # iommu=pt: the host's devices get identity domains, in real IOMMU groups
     types = vm.ssh("cat /sys/kernel/iommu_groups/*/type").stdout.split()
     assert types and set(types) == {"identity"}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vm.conftest import PRODUCTION, deploy, sysctls, vm_spec
-from twin.vm.qemu import BOOT_TIMEOUT, Vm
+from tests.vm.conftest import PRODUCTION, deploy, plain_reboot, sysctls, vm_spec
+from twin.vm.qemu import Vm
 
 PLANNED = ("intel_iommu=on", "iommu=pt", "pcie_aspm=off")
 
@@ -63,8 +63,4 @@ def test_a_second_run_changes_nothing(vm: Vm, first, vm_kernels, tmp_path_factor
 
 
 def test_a_plain_reboot_boots_the_new_line_as_the_default(vm: Vm, first) -> None:
-    start = vm.reboot(BOOT_TIMEOUT)
-    vm.wait_console(r"GNU GRUB", 10, since=start)
-    cmdline = vm.ssh("cat /proc/cmdline").stdout.split()
-    assert all(p in cmdline for p in PLANNED) and "gpuhost.trial=1" not in cmdline
-    assert sysctls(vm) == PRODUCTION
+    plain_reboot(vm, PLANNED)

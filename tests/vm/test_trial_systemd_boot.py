@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vm.conftest import PRODUCTION, deploy, sysctls, vm_spec
-from twin.vm.qemu import BOOT_TIMEOUT, Vm
+from tests.vm.conftest import PRODUCTION, deploy, plain_reboot, sysctls, vm_spec
+from twin.vm.qemu import Vm
 
 PLANNED = ("intel_iommu=on", "iommu=pt", "pcie_aspm=off")
 LOADER_GUID = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"  # systemd's boot loader interface
@@ -79,9 +79,6 @@ def test_a_second_run_changes_nothing(vm: Vm, first, vm_kernels, tmp_path_factor
 
 
 def test_a_plain_reboot_boots_the_new_line_as_the_default(vm: Vm, first, vm_kernels) -> None:
-    vm.reboot(BOOT_TIMEOUT)
-    cmdline = vm.ssh("cat /proc/cmdline").stdout.split()
-    assert all(p in cmdline for p in PLANNED) and "gpuhost.trial=1" not in cmdline
+    cmdline = plain_reboot(vm, PLANNED, loader=None)
     assert not any(p.startswith(("panic=", "oops=")) for p in cmdline)
-    assert sysctls(vm) == PRODUCTION
     assert efivar(vm, "LoaderEntrySelected") == f"proxmox-{vm_kernels.old}.conf"

@@ -71,6 +71,7 @@ CACHE = rootfs.CACHE_ROOT / "vm"
 DISK_MIB = 3072  # virtual size; the qcow2 holds only what is written (about 1 GiB)
 ESP_MIB = 256
 LAYOUTS = ("grub", "grub-sb", "grub-esp", "bios-lvm", "systemd-boot")
+BIOS_LAYOUTS = ("bios-lvm",)  # booted by SeaBIOS; the others by OVMF
 # What every image has: an init system and udev, sshd for pyinfra, initramfs-tools and kmod
 # for the kernels (linux-base: Debian's linux-image depends on it), the filesystems' tools,
 # python3 (pyinfra's facts and gpuhost's stand-in tools), lspci, ip, ps, mount.
@@ -244,7 +245,7 @@ def _build(target: Path, suite: str, layout: str, debs: list[Path]) -> None:
         b = Build(tmp / "build.log", undo)
         with open(raw, "wb") as f:
             f.truncate(DISK_MIB << 20)  # sparse: only written blocks take space
-        bios = layout == "bios-lvm"
+        bios = layout in BIOS_LAYOUTS
         first = ["1:1MiB:+1MiB", "1:ef02", "1:BIOS boot"] if bios else [
             f"1:1MiB:+{ESP_MIB}MiB", "1:ef00", "1:EFI system partition"]  # fmt: skip
         second = ["2:8e00", "2:pve"] if bios else ["2:8304", "2:root"]

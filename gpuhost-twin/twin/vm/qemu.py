@@ -38,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from twin.vm.image import VmImage, client_key
+from twin.vm.image import BIOS_LAYOUTS, VmImage, client_key
 
 OVMF = Path("/usr/share/OVMF")
 QEMU = "qemu-system-x86_64"
@@ -99,7 +99,6 @@ class Vm:
         workdir: Path,
         *,
         secure_boot: bool = False,
-        bios: bool = False,  # SeaBIOS (QEMU's default firmware) instead of OVMF
         iommu: Literal["intel", "amd"] | None = "intel",
         extra: Sequence[str] = (),
         memory_mb: int = 1024,
@@ -114,6 +113,7 @@ class Vm:
             check=True,
         )
         ms = ".ms" if secure_boot else ""  # Microsoft's keys enrolled: shim-signed boots
+        bios = image.layout in BIOS_LAYOUTS  # SeaBIOS, QEMU's default firmware: no pflash
         if not bios:
             shutil.copy(OVMF / f"OVMF_VARS_4M{ms}.fd", vars_fd)
         machine = "q35" + (",smm=on" if secure_boot else "")
