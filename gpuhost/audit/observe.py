@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhost.guestsw.plan import planned_paths, venv_imports
-from gpuhost.observe.boot import BootPath
 from gpuhost.observe.cuda import DEFAULT_SIZES, CudaProbe, CudaView
 from gpuhost.observe.devices import DeviceNode, NvidiaDeviceNodes
 from gpuhost.observe.guest import LoginEnvironment
@@ -49,9 +48,9 @@ AUDIT_FACTS: dict[str, type[Probe]] = {
 # None since the retake of 2026-12-04 08:19 UTC (with MonitoringState and the readiness paths).
 READ_SINCE_CAPTURES: frozenset[str] = frozenset()
 # Facts whose command changed since the captures, each with the command the captures ran (its
-# probe's earlier_commands): BootPath reads the Secure Boot variables since 2026-12-05, which the
-# H200 machine (no /sys/firmware/efi) prints nothing for; no machine was lent to retake it.
-CHANGED_SINCE_CAPTURES: dict[str, str] = {"BootPath": BootPath.earlier_commands[0]}
+# probe's earlier_commands). None: BootPath's Secure Boot reads (2026-12-05) print nothing on
+# the lent machines (no /sys/firmware/efi), shown there beside the earlier command the same day.
+CHANGED_SINCE_CAPTURES: dict[str, str] = {}
 # The audit reads every fact the deploy reads (the Plan needs them all), in the same one command,
 # but pve-container's version: it decides how the deploy may write devN entries, not what the
 # audit checks (the entries that are there), and reads as "not captured" here.

@@ -11,7 +11,7 @@ from gpuhost.observe.hostfacts import HostFacts, parse_raw, read_snapshot
 from tests.unit.buildtools import DRIVER_TREE, HEADERS, missing_module_build
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
-MACHINES = ("h200x1", "h200x2")  # real captures: 1 and 2 NVIDIA H200
+MACHINES = ("h200x1", "h200x2", "h100x1")  # real captures: 1 and 2 NVIDIA H200, 1 H100
 
 
 def captured(machine: str, key: str) -> list[str]:

@@ -1,5 +1,6 @@
 """The audit's checks on real captured output: the host command's output from the 1x H200
-machine (tests/fixtures/captures/h200x1-audit-run, taken by tools/device-audit.sh), replayed.
+machine (tests/fixtures/captures/h200x1-audit-run, taken by tools/device-audit.sh) and from
+the 1x H100 one (h100x1-audit-run), replayed.
 
 The same inventories as on the machine give the same results: the true one passes every check
 that applies, and each wrong expectation fails with exactly its own finding.
@@ -26,7 +27,8 @@ from gpuhost.observe.kernel import parse_nvidia_modules
 from gpuhost.observe.nvidia_driver import parse_fabricmanager, parse_firmware_files, parse_userspace
 from gpuhost.spec.inventory import load_inventory
 
-RUN = Path(__file__).parents[1] / "fixtures/captures/h200x1-audit-run"
+CAPTURES = Path(__file__).parents[1] / "fixtures/captures"
+RUN = CAPTURES / "h200x1-audit-run"
 WRONG = "tests/fixtures/inventories/audit/h200_wrong.py"
 APPLIES = {
     "gpus.inventory",
@@ -45,24 +47,39 @@ APPLIES = {
 }
 
 
-def replay(command: str) -> tuple[int, str, str]:
-    """The capture's output, for exactly today's command (less any fact read since the capture,
-    gpuhost.audit.observe.READ_SINCE_CAPTURES: none since the 2026-12-04 08:19 retake), with the
-    commands it ran then (CHANGED_SINCE_CAPTURES)."""
-    recorded = (RUN / "audit-host.cmd").read_text().rstrip("\n")
-    assert command == host_command(DEFAULT_SIZES)
-    captured = host_command(DEFAULT_SIZES, READ_SINCE_CAPTURES, CHANGED_SINCE_CAPTURES)
-    assert captured == recorded, "the host command changed: recapture with tools/device-audit.sh"
-    return 0, (RUN / "audit-host.out").read_text(), ""
+def replayer(run: Path):
+    def replay(command: str) -> tuple[int, str, str]:
+        """The capture's output, for exactly today's command (less any fact read since the
+        capture, gpuhost.audit.observe.READ_SINCE_CAPTURES), with the commands it ran then
+        (CHANGED_SINCE_CAPTURES)."""
+        recorded = (run / "audit-host.cmd").read_text().rstrip("\n")
+        assert command == host_command(DEFAULT_SIZES)
+        captured = host_command(DEFAULT_SIZES, READ_SINCE_CAPTURES, CHANGED_SINCE_CAPTURES)
+        assert captured == recorded, (
+            "the host command changed: recapture with tools/device-audit.sh"
+        )
+        return 0, (run / "audit-host.out").read_text(), ""
+
+    return replay
 
 
-def audit(inventory: str, name: str):
+replay = replayer(RUN)
+
+
+def audit(inventory: str, name: str, run: Path = RUN):
     spec = load_inventory(inventory)[name][0]
-    return audit_all(read_host(name, spec, replay))
+    return audit_all(read_host(name, spec, replayer(run)))
 
 
-def test_true_inventory_passes_every_check_that_applies():
-    outcomes = audit("inventory/h200.py", "h200")
+@pytest.mark.parametrize(
+    ("inventory", "host", "run"),
+    [
+        ("inventory/h200.py", "h200", RUN),
+        ("inventory/h100.py", "h100", CAPTURES / "h100x1-audit-run"),
+    ],
+)
+def test_true_inventory_passes_every_check_that_applies(inventory, host, run):
+    outcomes = audit(inventory, host, run)
     assert {o.check.id for o in outcomes if o.status == "passed"} == APPLIES
     assert not [o for o in outcomes if o.status == "failed"]
     skipped = {o.check.id: o.skipped for o in outcomes if o.status == "skipped"}

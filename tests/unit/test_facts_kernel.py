@@ -36,10 +36,10 @@ def test_cmdline(machine: str) -> None:
 
 def test_kernel_build_from_real_proc_version(machine: str) -> None:
     build = parse_kernel_build(captured(machine, "KernelBuildInfo"))
-    # the lent machines' image kernel: v657 when h200x2 was captured, v973 at h200x1's recapture
-    assert (
-        build.release == {"h200x2": "6.18.44-fc-v657-gpu", "h200x1": "6.18.44-fc-v973-gpu"}[machine]
-    )
+    # the lent machines' image kernel: v657 when h200x2 was captured, v973 at h200x1's
+    # recapture, v1252 when h100x1 was
+    release = {"h200x2": "v657", "h200x1": "v973", "h100x1": "v1252"}[machine]
+    assert build.release == f"6.18.44-fc-{release}-gpu"
     assert (build.compiler, build.gcc_version) == ("gcc (GCC) 15.3.0", "15.3.0")
 
 

@@ -20,9 +20,11 @@ def test_gpu_query_two_h200() -> None:
     assert gpu.uuid.startswith("GPU-") and gpu.vbios == "96.00.A5.00.1A"
 
 
-def test_gpu_query_one_h200(machine: str) -> None:
+def test_gpu_query_counts_the_machines_gpus(machine: str) -> None:
     query = parse_gpu_query(captured(machine, "NvidiaGpus"))
-    assert len(query.gpus) == {"h200x1": 1, "h200x2": 2}[machine]
+    assert len(query.gpus) == {"h200x1": 1, "h200x2": 2, "h100x1": 1}[machine]
+    h100 = machine == "h100x1"
+    assert {g.name for g in query.gpus} == {"NVIDIA H100 80GB HBM3" if h100 else "NVIDIA H200"}
 
 
 def test_gpu_query_failure_is_a_state_not_a_crash() -> None:
@@ -151,5 +153,5 @@ def test_gpu_information_firmware(machine: str) -> None:
     assert set(info) >= {"0000:00:06.0"}
     for values in info.values():
         assert values["GPU Firmware"] == "580.159.04"
-        assert values["Model"] == "NVIDIA H200"
+        assert values["Model"] == {"h100x1": "NVIDIA H100 80GB HBM3"}.get(machine, "NVIDIA H200")
     assert parse_gpu_information([]) == {}
