@@ -13,7 +13,7 @@ from gpuhost.observe.proxmox import parse_boot_tool_status
 from gpuhost.plan.trial.backstop import BACKSTOP_SCRIPT, drop_backstop
 from gpuhost.plan.trial.boot import TrialBoot, plan_trial_boot
 from gpuhost.plan.trial.entry import TRIAL_ENTRY
-from gpuhost.plan.trial.esp import ESP_MOUNTS, grub_entry, on_esp, systemd_boot_entry
+from gpuhost.plan.trial.esp import ESP_MOUNTS, grub_entry, grub_has, on_esp, systemd_boot_entry
 from gpuhost.plan.trial.grub import (
     GRUB_TRIAL_ID,
     GRUB_TRIAL_SCRIPT,
@@ -276,9 +276,22 @@ def test_grub_on_esps_sets_next_entry_on_every_esp() -> None:
     assert f"proxmox-boot-tool kernel pin {NEW}" in trial.commit
     # the trial's initramfs on every ESP (GRUB's /boot there), its entry in every ESP's grub.cfg
     assert any('"$M/gpuhost-trial/"' in c and "8C2E-11D0" in c for c in trial.prepare)
-    assert "proxmox-boot-tool refresh" in trial.prepare[-3:]
-    assert f"'{GRUB_TRIAL_ID}'" in trial.prepare[-1] and '"$M/grub/grub.cfg"' in trial.prepare[-1]
+    # one refresh renders the new kernel's entry and the trial's, then both are checked
+    assert trial.prepare.count("proxmox-boot-tool refresh") == 1
+    render = trial.prepare.index("proxmox-boot-tool refresh")
+    assert GRUB_TRIAL_SCRIPT in trial.prepare[render - 1]
+    assert f"'{GRUB_TRIAL_ID}'" in trial.prepare[render + 1]
+    assert '"$M/grub/grub.cfg"' in trial.prepare[render + 1]
+    assert f"'gnulinux-{NEW}-advanced-{ZFS_DEVID}'" in trial.prepare[-1]  # the kernel's own
     assert grub_entry(NEW, ZFS_DEVID) in trial.commit[-1] and "! grep" in trial.commit[-1]
+    # the commit's refresh (after the pin) also drops the trial entry: one render, not two
+    assert trial.commit.count("proxmox-boot-tool refresh") == 1
+    assert trial.commit.index("proxmox-boot-tool refresh") > trial.commit.index(
+        f"proxmox-boot-tool kernel pin {NEW}"
+    )
+    assert max(i for i, c in enumerate(trial.commit) if GRUB_TRIAL_SCRIPT in c) < (
+        trial.commit.index("proxmox-boot-tool refresh")
+    )
 
 
 def test_plain_grub_on_a_partition_has_a_one_shot() -> None:
@@ -295,16 +308,23 @@ def test_plain_grub_on_a_partition_has_a_one_shot() -> None:
     put = next(c for c in trial.prepare if GRUB_TRIAL_SCRIPT in c)
     assert "chmod 755" in put and trial.entry_options and trial.entry_options in put
     has_entry = "grep -qF " + shlex.quote(f"'{GRUB_TRIAL_ID}'") + " /boot/grub/grub.cfg"
-    assert trial.prepare[-2:] == (
-        "update-grub",
+    # one update-grub renders the trial entry (and a new kernel's own), then both are checked
+    assert trial.prepare.count("update-grub") == 1
+    render = trial.prepare.index("update-grub")
+    assert GRUB_TRIAL_SCRIPT in trial.prepare[render - 1]
+    assert trial.prepare[render + 1 :] == (
         f"{has_entry} && "
         f"grep -qF 'set default=\"{grub_entry(OLD, PLAIN_DEVID)}\"' /boot/grub/grub.cfg",
+        grub_has(NEW, PLAIN_DEVID, "/boot/grub/grub.cfg"),
     )
     # commit: the target's initramfs, the entry gone, then the new kernel pinned as default
     assert trial.commit[:2] == (drop_backstop(), f"update-initramfs -u -k {NEW}")
     assert not any("-k all" in c for c in every_command(trial))
     pin = trial.commit.index(f"proxmox-boot-tool kernel pin {NEW}")
     assert trial.commit.index("rm -rf /boot/gpuhost-trial") < pin
+    # on plain GRUB the pin runs update-grub (docs/reference/trial-boot.md §2.5): that render
+    # drops the entry
+    assert "update-grub" not in trial.commit
     assert grub_entry(NEW, PLAIN_DEVID) in trial.commit[pin + 1]
     assert trial.commit[-1] == (  # no trial entry left in grub.cfg, the new kernel the default
         f"! {has_entry} && grep -qF 'set default=\"{grub_entry(NEW, PLAIN_DEVID)}\"' "

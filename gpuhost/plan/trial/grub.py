@@ -141,8 +141,13 @@ def grub_trial_steps(
     render = "proxmox-boot-tool refresh" if esps else "update-grub"
     tidy = [f"rm -f {script} {script}.new", *(on_esp(u, drop) for u in esps)]
     tidy += [f"rm -rf {TRIAL_INITRD_DIR}", drop_backstop(), render]
+    # One render each for prepare and commit: the loader's own steps render too (update-grub,
+    # proxmox-boot-tool refresh, or `kernel pin`, which runs update-grub on plain GRUB: §2.5), and
+    # under each render grub-mkconfig runs every /etc/grub.d script again (seconds on a server).
+    inner = list(steps["prepare"])  # type: ignore[call-overload]
+    cut = inner.index(render)  # the kernel's own entry checked after the one render below
     prepare = [
-        *steps["prepare"],  # type: ignore[misc]
+        *inner[:cut],
         f"rm -rf {TRIAL_INITRD_DIR} && mkdir -p {TRIAL_INITRD_DIR}",
         write_backstop(),  # into the trial's initramfs (gpuhost/plan/trial/backstop.py)
         f"mkinitramfs -o {sh_quote(initrd)} {new}",
@@ -152,16 +157,22 @@ def grub_trial_steps(
         render,
         # the entry in each grub.cfg that boots, and the fallback still its default
         *every(f"{has_entry} && {grub_default_is(grub_entry(running, devid), '{cfg}')}"),
+        *inner[cut + 1 :],
     ]
     confirm = [*steps["confirm"], f"grep -qw {sh_quote(TRIAL_MARK)} /proc/cmdline"]  # type: ignore[misc]
     if esps and kernel == running:  # no pin to move: next_entry cleared, the entry gone
         core = [c for c in steps["commit"] if "unset next_entry" in c]  # type: ignore[attr-defined]
     else:
         core = list(steps["commit"])  # type: ignore[call-overload]
+    pin_renders = not esps and any(c.startswith("proxmox-boot-tool kernel pin") for c in core)
+    if pin_renders or "proxmox-boot-tool refresh" in core:  # the entry gone from that render
+        tidy_commit = [c for c in tidy if c != render]
+    else:
+        tidy_commit = tidy
     commit = [
         drop_backstop(),
         f"update-initramfs -u -k {new}",
-        *tidy,
+        *tidy_commit,
         *core,
         *every(f"! {has_entry} && {grub_default_is(grub_entry(kernel, devid), '{cfg}')}"),
     ]
