@@ -63,6 +63,7 @@ VM_LONGEST = (
     "test_kernel_trial.py",
     "test_trial_bios_lvm.py",
     "test_emergency_backstop.py",
+    "test_trial_passphrase.py",
     "test_trial_hang.py",
 )
 

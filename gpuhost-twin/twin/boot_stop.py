@@ -1,6 +1,6 @@
 """How a boot ends before anything can confirm it (stdlib plus twin): a panic's log, and where
-a booted kernel stops: initramfs-tools' shell (BREAK_POINTS), or systemd's emergency or rescue
-mode.
+a booted kernel stops: initramfs-tools' shell (BREAK_POINTS), a passphrase prompt in the
+initramfs (CRYPTTAB), or systemd's emergency or rescue mode.
 
 systemd boots rescue.target or emergency.target instead of the default when the command line
 says so (systemd's man/kernel-command-line.xml: `emergency`, `-b` and `rescue`, `single`, `s`,
@@ -28,6 +28,13 @@ BACKSTOP_SCRIPT = "/etc/initramfs-tools/scripts/init-top/gpuhost-trial-backstop"
 # names the point (init L142-170, L216-295; scripts/functions maybe_break). A root device that
 # never appears goes through the same panic().
 BREAK_POINTS = ("top", "modules", "premount", "mount", "mountroot", "bottom", "init")
+# cryptsetup-initramfs 2.6.1 (Debian 12): its hook copies into the image the crypttab entries
+# of the root and resume devices and those with the `initramfs` option (hooks/cryptroot L159-194),
+# and scripts/local-top/cryptroot asks each one's passphrase through askpass, which waits with no
+# timeout (setup_mapping: the keyscript, then cryptsetup). local-top runs inside mountroot,
+# after `maybe_break mountroot` (init L248-251): a break= up to mountroot stops first.
+CRYPTTAB = "/etc/crypttab"
+_BEFORE_LOCAL_TOP = BREAK_POINTS[: BREAK_POINTS.index("bottom")]
 _RESCUE = {"rescue", "single", "s", "S", "1"}
 _EMERGENCY = {"emergency", "-b"}
 
@@ -75,6 +82,19 @@ def initramfs_panic(cmdline: str) -> int | None:
     if re.fullmatch(r"[0-9.]+", value) and value != "0":
         return int(float(value))
     return -1
+
+
+def initramfs_prompt(initramfs: dict | None) -> str:
+    """The crypttab target whose passphrase this initramfs asks for first ('' when none): the
+    twin's hosts have no encrypted root, so only `initramfs`-option entries count."""
+    text = ((initramfs or {}).get("files") or {}).get(CRYPTTAB, "")
+    entries = [f.split() for f in text.splitlines() if not f.lstrip().startswith("#")]
+    return next((f[0] for f in entries if len(f) >= 4 and "initramfs" in f[3].split(",")), "")
+
+
+def stops(cmdline: str, initramfs: dict | None) -> bool:
+    """Whether this boot stops before anything can confirm it (a shell, a prompt, a mode)."""
+    return bool(initramfs_stop(cmdline) or initramfs_prompt(initramfs) or userspace_stop(cmdline))
 
 
 def backstop_deadline(cmdline: str, initramfs: dict | None) -> int | None:
@@ -135,6 +155,30 @@ def _initramfs_stopped(
     return log, f"stopped in {where}; rebooted by the backstop ({deadline} s)", ""
 
 
+def _prompt_stopped(
+    kernel: str, cmdline: str, target: str, deadline: int | None
+) -> tuple[list[str], str, str]:
+    """askpass waits at the console; panic= plays no part (no panic() is called). The prompt
+    itself is console text, not the kernel's log."""
+    log = [f"Linux version {kernel}", f"Command line: {cmdline}"]
+    where = f"the initramfs' passphrase prompt for {target}"
+    if deadline is None:
+        return (
+            log,
+            f"stopped at {where}; waits at the console",
+            (f"kernel {kernel} stops at {where} and waits for someone at the console"),
+        )
+    log += [
+        f"gpuhost: trial boot: backstop reboot in {deadline}s unless gpuhost confirms it",
+        f"gpuhost: trial boot not confirmed within {deadline}s of its start: rebooting to "
+        "the default entry",
+        "sysrq: Emergency Sync",
+        "sysrq: Emergency Remount R/O",
+        "sysrq: Resetting",
+    ]
+    return log, f"stopped at {where}; rebooted by the backstop ({deadline} s)", ""
+
+
 def stopped(kernel: str, cmdline: str, initramfs: dict | None) -> tuple[list[str], str, str]:
     """(the boot's log, what happened, why the host is bricked or ''): gpuhost's backstop
     reboots it (into whatever the loader picks next, the one-shot consumed) where the trial
@@ -142,8 +186,11 @@ def stopped(kernel: str, cmdline: str, initramfs: dict | None) -> tuple[list[str
     initramfs comes first, and there initramfs-tools' own panic= handling may reboot it."""
     deadline = backstop_deadline(cmdline, initramfs)
     point = initramfs_stop(cmdline)
-    if point:
+    prompt = initramfs_prompt(initramfs)
+    if point and (not prompt or point in _BEFORE_LOCAL_TOP):
         return _initramfs_stopped(kernel, cmdline, point, deadline)
+    if prompt:
+        return _prompt_stopped(kernel, cmdline, prompt, deadline)
     stop = userspace_stop(cmdline)
     log = stop_log(kernel, cmdline, stop, deadline)
     if deadline is None:

@@ -93,7 +93,7 @@ def choose_kernel(hw: hwsim.Hw, profile: Profile) -> tuple[str, str, list[dict]]
             why = "zfs"  # the initramfs cannot import the root pool (hwsim/storage.py)
         if not why and "oops=panic" in cmdline.split():  # else the oops kills modules-load only
             why = gsp_mismatch(hw, kernel)
-        if not why and not boot_stop.initramfs_stop(cmdline) + boot_stop.userspace_stop(cmdline):
+        if not why and not boot_stop.stops(cmdline, initramfs_of(hw, kernel)):
             attempts.append({"kernel": kernel, "result": "booted"})
             return kernel, cmdline, attempts
         if not why:  # userspace stops before anything can confirm the boot (twin/boot_stop.py)

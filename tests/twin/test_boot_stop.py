@@ -14,19 +14,22 @@ import pytest
 
 from twin import boot, pve
 from twin import hwtesting as ht
-from twin.boot_stop import BACKSTOP_SCRIPT, backstop_deadline, userspace_stop
+from twin.boot_stop import BACKSTOP_SCRIPT, backstop_deadline, initramfs_prompt, userspace_stop
 from twin.hwsim import grubenv
 from twin.hwtesting import read, refresh, state
 from twin.kernel_choice import ESP_DIR
 from twin.profile import Boot, load_profile
 from twin.pve import cli
+from twin.pve.initramfs import CRYPTROOT_HOOK, initramfs_record
 
 OLD = "6.8.12-9-pve"
 ESP = "9B1C-4F2A"
 GRUB_TEXT = 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n'
 
 
-def _trial_root(tmp_path: Path, options: str, with_backstop: bool) -> tuple[Path, object]:
+def _trial_root(
+    tmp_path: Path, options: str, with_backstop: bool, crypttab: str = ""
+) -> tuple[Path, object]:
     prof = load_profile("kpro6").model_copy(
         update={
             "boot": Boot(firmware="uefi", loader="grub", default_grub=GRUB_TEXT, grub_on_esp=True)
@@ -39,6 +42,8 @@ def _trial_root(tmp_path: Path, options: str, with_backstop: bool) -> tuple[Path
     ht.boot_root(root, prof)
     esp = root / ESP_DIR / ESP
     files = {BACKSTOP_SCRIPT: "#!/bin/sh\n"} if with_backstop else {}
+    if crypttab:
+        files["/etc/crypttab"] = crypttab
     ht.write(root, f"{ESP_DIR}/{ESP}/gpuhost-trial/initrd.img-{OLD}", json.dumps({"files": files}))
     menu = {
         "gpuhost-trial": {
@@ -150,3 +155,50 @@ def test_an_initramfs_stop_nothing_reboots_bricks_the_host(
     root, prof = _trial_root(tmp_path, f"{TRIAL} {stop}", with_backstop=True)
     with pytest.raises(boot.BrickedError, match=re.escape(why)):
         ht.boot_root(root, prof)
+
+
+# An encrypted volume the initramfs unlocks, added since the old initramfs was made (the real
+# boot: tests/vm/test_trial_passphrase.py)
+CRYPTTAB = "data /dev/disk/by-id/virtio-d none luks,initramfs,noauto\n"
+
+
+@pytest.mark.parametrize(
+    ("stop", "result"),
+    [
+        ("", "stopped at the initramfs' passphrase prompt for data; rebooted by the backstop (1500 s)"),
+        # panic= does not help: askpass waits, nothing calls panic()
+        ("panic=10", "stopped at the initramfs' passphrase prompt for data; rebooted by the backstop (1500 s)"),
+        # a break before local-top stops first; one after it is never reached
+        ("break=premount panic=10", "stopped in the initramfs shell (premount); rebooted by panic=10"),
+        ("break=bottom", "stopped at the initramfs' passphrase prompt for data; rebooted by the backstop (1500 s)"),
+    ],
+)  # fmt: skip
+def test_a_trial_stopped_at_a_passphrase_prompt_comes_back_through_the_backstop(
+    tmp_path: Path, stop: str, result: str
+) -> None:
+    root, prof = _trial_root(tmp_path, f"{TRIAL} {stop}", with_backstop=True, crypttab=CRYPTTAB)
+    ht.boot_root(root, prof)
+    assert state(root)["kernel"] == OLD and "gpuhost.trial=1" not in state(root)["cmdline"]
+    assert state(root)["boot_attempts"][0] == {"kernel": OLD, "result": result}
+    if not stop:
+        log = ht.run(root, "journalctl", "-b", "-1", "-k").stdout
+        assert "gpuhost: trial boot not confirmed within 1500s of its start" in log
+
+
+def test_a_passphrase_prompt_without_the_backstop_bricks_the_host(tmp_path: Path) -> None:
+    root, prof = _trial_root(tmp_path, TRIAL, with_backstop=False, crypttab=CRYPTTAB)
+    with pytest.raises(boot.BrickedError, match="passphrase prompt for data and waits"):
+        ht.boot_root(root, prof)
+
+
+def test_the_initramfs_carries_crypttab_only_with_cryptsetup_initramfs(tmp_path: Path) -> None:
+    """Its hook copies the entries (hooks/cryptroot); without the package nothing asks."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/crypttab").write_text(CRYPTTAB)
+    assert "/etc/crypttab" not in initramfs_record(tmp_path, OLD)["files"]
+    hook = tmp_path / CRYPTROOT_HOOK
+    hook.parent.mkdir(parents=True)
+    hook.write_text("#!/bin/sh\n")
+    record = initramfs_record(tmp_path, OLD)
+    assert record["files"]["/etc/crypttab"] == CRYPTTAB and initramfs_prompt(record) == "data"
+    assert initramfs_prompt({"files": {"/etc/crypttab": "# data x none luks,initramfs\n"}}) == ""

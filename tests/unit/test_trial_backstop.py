@@ -18,19 +18,23 @@ from gpuhost.plan.trial.params import BACKSTOP_GRACE_S, TRIAL_DEADLINE, trial_cm
 SCRIPT = static_file("gpuhost-trial-backstop")
 
 
-def _run(tmp_path: Path, cmdline: str, uptime: str = "42.17 80.00") -> Path:
-    for name in ("proc", "dev", "run", "bin"):
-        (tmp_path / name).mkdir(exist_ok=True)
+def _run(
+    tmp_path: Path, cmdline: str, uptime: str = "42.17 80.00", printk: str | None = "7\t4\t1\t7"
+) -> Path:
+    for name in ("proc/sys/kernel", "dev", "run", "bin"):
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
     (tmp_path / "proc/cmdline").write_text(cmdline + "\n")
     (tmp_path / "proc/uptime").write_text(uptime + "\n")
-    for name in ("proc/sysrq-trigger", "dev/kmsg"):
+    if printk is not None:  # the console loglevel first (Documentation/admin-guide/sysctl)
+        (tmp_path / "proc/sys/kernel/printk").write_text(printk + "\n")
+    for name in ("proc/sysrq-trigger", "dev/kmsg", "dev/console"):
         (tmp_path / name).write_text("")
     sleep = tmp_path / "bin/sleep"
     sleep.write_text(f'#!/bin/sh\necho "$1" >> {tmp_path}/slept\n')
     sleep.chmod(0o755)
     script = tmp_path / "backstop"
     text = SCRIPT
-    for path in ("/proc/", "/dev/kmsg", "/run/"):
+    for path in ("/proc/", "/dev/kmsg", "/dev/console", "/run/"):
         text = text.replace(path, f"{tmp_path}{path}")
     script.write_text(text)
     env = {"PATH": f"{tmp_path}/bin:/usr/bin:/bin"}
@@ -73,6 +77,26 @@ def test_the_trial_entry_arms_a_reboot_at_its_deadline_after_boot(tmp_path: Path
     assert "<3>gpuhost: trial boot not confirmed within 1260s of its start" in kmsg
     # sync, remount read-only, reboot: through the file it opened before /proc moved
     assert _wait_for(root / "proc/sysrq-trigger", "b\n") == "s\nu\nb\n"
+    assert (root / "dev/console").read_text() == ""  # the kernel's line shows there already
+
+
+@pytest.mark.parametrize(
+    ("printk", "on_console"),
+    [
+        # a passphrase prompt turned console messages off (cryptsetup's askpass: klogctl(6))
+        ("1\t4\t1\t7", True),
+        # after switch_root: the backstop's /proc moved away with the initramfs
+        (None, False),
+    ],
+)
+def test_the_reason_reaches_the_console_when_kernel_messages_do_not(
+    tmp_path: Path, printk: str | None, on_console: bool
+) -> None:
+    root = _run(tmp_path, f"{TRIAL_DEADLINE}=30", uptime="95.50 1.00", printk=printk)
+    _wait_for(root / "proc/sysrq-trigger", "b\n")
+    reason = "gpuhost: trial boot not confirmed within 30s of its start"
+    assert reason in (root / "dev/kmsg").read_text()
+    assert (reason in (root / "dev/console").read_text()) is on_console
 
 
 def test_a_deadline_already_past_reboots_at_once(tmp_path: Path) -> None:
@@ -91,8 +115,9 @@ def test_disarm_stops_the_waiting_shell_and_its_sleep(tmp_path: Path) -> None:
     (root / "proc/uptime").write_text("5.00 1.00\n")
     (root / "proc/sysrq-trigger").write_text("")
     (root / "dev/kmsg").write_text("")
+    (root / "dev/console").write_text("")
     text = SCRIPT
-    for path in ("/proc/", "/dev/kmsg", "/run/"):
+    for path in ("/proc/", "/dev/kmsg", "/dev/console", "/run/"):
         text = text.replace(path, f"{root}{path}")
     script = root / "backstop"
     script.write_text(text)

@@ -30,6 +30,7 @@ from .esp_sync import refresh
 
 INITRAMFS_SOURCES = ("etc/modprobe.d", "etc/initramfs-tools")
 HOOK_DIRS = ("usr/share/initramfs-tools/hooks", "etc/initramfs-tools/hooks")
+CRYPTROOT_HOOK = "usr/share/initramfs-tools/hooks/cryptroot"  # cryptsetup-initramfs
 # systemd's debian/extra/initramfs-tools/hooks/udev: the rules files it copies by name.
 UDEV_RULES = (
     "50-firmware.rules",
@@ -97,6 +98,9 @@ def initramfs_record(root: Path, version: str) -> dict[str, object]:
             if path.is_file():
                 files["/" + str(path.relative_to(root))] = path.read_text(errors="replace")
     files.update(_udev_rules(root))
+    # cryptsetup-initramfs' hook copies the crypttab entries the initramfs unlocks (twin/boot_stop.py)
+    if (root / CRYPTROOT_HOOK).is_file() and (root / "etc/crypttab").is_file():
+        files["/etc/crypttab"] = (root / "etc/crypttab").read_text(errors="replace")
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
     return {
         "generator": "gpuhost-twin update-initramfs",

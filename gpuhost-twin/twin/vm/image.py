@@ -172,6 +172,28 @@ def debian_kernel(suite: str = rootfs.SUITE) -> list[Path]:
     return sorted(out.glob("linux-image-*.deb"))
 
 
+def debian_debs(packages: Sequence[str], suite: str = rootfs.SUITE) -> list[Path]:
+    """Debian's .debs of ``packages`` and of what they need beyond the stage's own packages,
+    fetched once with apt inside the stage (never installed there): for a test to install
+    into a VM, which has no network."""
+    key = hashlib.sha256(" ".join(sorted(packages)).encode()).hexdigest()[:12]
+    out = CACHE / f"debs-{suite}-{key}"
+    with _lock():
+        if not (out / ".done").exists():
+            stage = _stage(suite)
+            tmp = Path(tempfile.mkdtemp(dir=stage / "tmp"))
+            (tmp / "partial").mkdir()
+            run(["chroot", stage, "apt-get", "install", "-q", "-y", "--download-only",
+                 "--no-install-recommends", "-o", f"Dir::Cache::archives=/tmp/{tmp.name}",
+                 *packages])  # fmt: skip
+            out.mkdir(parents=True, exist_ok=True)
+            for deb in tmp.glob("*.deb"):
+                shutil.move(deb, out / deb.name)
+            shutil.rmtree(tmp)
+            (out / ".done").touch()
+    return sorted(out.glob("*.deb"))
+
+
 @contextlib.contextmanager
 def _lock() -> Iterator[None]:
     CACHE.mkdir(mode=0o755, parents=True, exist_ok=True)
