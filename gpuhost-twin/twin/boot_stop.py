@@ -116,15 +116,18 @@ def stop_log(kernel: str, cmdline: str, stop: str, deadline: int | None) -> list
             f"gpuhost: trial boot: backstop reboot in {deadline}s unless gpuhost confirms it"
         )
     lines.append(f"systemd[1]: Started {stop.capitalize().replace(' mode', ' Shell')}.")
-    if deadline is not None:
-        lines += [
-            f"gpuhost: trial boot not confirmed within {deadline}s of its start: rebooting to "
-            "the default entry",
-            "sysrq: Emergency Sync",
-            "sysrq: Emergency Remount R/O",
-            "sysrq: Resetting",
-        ]
-    return lines
+    return lines + (_backstop_fired(deadline) if deadline is not None else [])
+
+
+def _backstop_fired(deadline: int) -> list[str]:
+    """The backstop's reason, then SysRq's sync, remount and reset (files/gpuhost-trial-backstop)."""
+    return [
+        f"gpuhost: trial boot not confirmed within {deadline}s of its start: rebooting to "
+        "the default entry",
+        "sysrq: Emergency Sync",
+        "sysrq: Emergency Remount R/O",
+        "sysrq: Resetting",
+    ]
 
 
 def _initramfs_stopped(
@@ -163,19 +166,10 @@ def _prompt_stopped(
     log = [f"Linux version {kernel}", f"Command line: {cmdline}"]
     where = f"the initramfs' passphrase prompt for {target}"
     if deadline is None:
-        return (
-            log,
-            f"stopped at {where}; waits at the console",
-            (f"kernel {kernel} stops at {where} and waits for someone at the console"),
-        )
-    log += [
-        f"gpuhost: trial boot: backstop reboot in {deadline}s unless gpuhost confirms it",
-        f"gpuhost: trial boot not confirmed within {deadline}s of its start: rebooting to "
-        "the default entry",
-        "sysrq: Emergency Sync",
-        "sysrq: Emergency Remount R/O",
-        "sysrq: Resetting",
-    ]
+        why = f"kernel {kernel} stops at {where} and waits for someone at the console"
+        return log, f"stopped at {where}; waits at the console", why
+    log.append(f"gpuhost: trial boot: backstop reboot in {deadline}s unless gpuhost confirms it")
+    log += _backstop_fired(deadline)
     return log, f"stopped at {where}; rebooted by the backstop ({deadline} s)", ""
 
 

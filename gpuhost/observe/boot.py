@@ -104,10 +104,6 @@ def decode_efivar(hex_bytes: str) -> str:
 
 
 def boot_path_command() -> str:
-    return _boot_path_command(secure_boot=True)
-
-
-def _boot_path_command(secure_boot: bool) -> str:
     reads = " ".join(LOADER_VARIABLES)
     sb_reads = " ".join(f"{name}-{guid}" for name, guid in SECURE_BOOT_VARIABLES.items())
     return "; ".join(
@@ -115,15 +111,8 @@ def _boot_path_command(secure_boot: bool) -> str:
             "if [ -d /sys/firmware/efi ]; then echo 'uefi yes'; else echo 'uefi no'; fi",
             f"for v in {reads}; do f={EFIVARS}/$v-{LOADER_GUID}; "
             '[ -r "$f" ] && echo "efivar $v $(od -An -tx1 -v "$f" | tr -d \' \\n\')"; done',
-            *(
-                [
-                    f"for v in {sb_reads}; do f={EFIVARS}/$v; "
-                    '[ -r "$f" ] && echo "sbvar ${v%%-*} $(od -An -tx1 -v "$f" | tr -d \' \\n\')"; '
-                    "done"
-                ]
-                if secure_boot
-                else []
-            ),
+            f"for v in {sb_reads}; do f={EFIVARS}/$v; "
+            '[ -r "$f" ] && echo "sbvar ${v%%-*} $(od -An -tx1 -v "$f" | tr -d \' \\n\')"; done',
             f"if [ -f {BOOT_UUIDS} ]; then echo esp-list; "
             f"grep -v '^[[:space:]]*$' {BOOT_UUIDS} | sed 's/^/esp /'; fi",
             "[ -e /boot/grub ] && findmnt -n -o SOURCE,FSTYPE -T /boot/grub 2>/dev/null "
@@ -203,7 +192,6 @@ class BootPath(Probe[BootPathInfo]):
     """
 
     default = BootPathInfo
-    earlier_commands = (_boot_path_command(secure_boot=False),)  # before Secure Boot was read
 
     def command(self) -> str:
         return boot_path_command()
